@@ -1,0 +1,111 @@
+"""A small deterministic PyTorch DDP training job (gloo, CPU), written as for torchrun.
+
+It reads only the standard variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT), checkpoints every N steps with an atomic rename, and resumes
+from its checkpoint. Data are derived from (step, rank), so a run that is killed and
+resumed ends with exactly the weights of a run that never was.
+
+    trainguard run --nproc-per-node 2 -- python examples/ddp_train.py --ckpt-dir /tmp/ck
+    torchrun --standalone --nproc-per-node 2 examples/ddp_train.py --ckpt-dir /tmp/ck
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--ckpt-dir", default="ddp-ckpt")
+    p.add_argument("--out", help="where rank 0 writes the final weights")
+    p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    p.add_argument(
+        "--crash-at-step",
+        type=int,
+        help="demo fault: on the first attempt only, rank --crash-rank SIGKILLs itself here",
+    )
+    p.add_argument("--crash-rank", type=int, default=1)
+    return p.parse_args()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def weights_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(bytes(tensor.detach().contiguous().view(torch.uint8).flatten().tolist()))
+    return h.hexdigest()
+
+
+def main() -> None:
+    args = _args()
+    rank = int(os.environ["RANK"])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+
+    model = _model()
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    ckpt_dir = Path(args.ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_dir / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = int(state["step"])
+        print(f"rank {rank}: resumed from step {start} (restart {restart})", flush=True)
+
+    for step in range(start + 1, args.steps + 1):
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(64, 32, generator=gen)
+        y = torch.sin(x.sum(dim=1, keepdim=True))
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item():.6f} rank {rank} t={time.time():.6f}", flush=True)
+        if step == args.crash_at_step and rank == args.crash_rank and restart == 0:
+            print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step % args.ckpt_every == 0 and rank == 0:
+            state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
+            _save_atomic(state, ckpt)
+        if args.step_time:
+            time.sleep(args.step_time)
+
+    if rank == 0:
+        digest = weights_digest(model)
+        if args.out:
+            _save_atomic(model.state_dict(), Path(args.out))
+        print(f"final weights sha256 {digest}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""trainguard: a self-hosted fault-tolerance master for distributed training jobs."""
+
+__version__ = "0.1.0"

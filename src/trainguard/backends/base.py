@@ -1,0 +1,81 @@
+"""The backend seam: start replicas, stop them, and report what happens to them as events.
+
+The master never touches a process directly; everything it learns arrives as a
+`BackendEvent` through the `emit` callback it binds, in the order it happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from trainguard.classify import ExitEvidence
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one run of one replica."""
+
+    attempt: int
+    replica: str
+    rank: int
+    restart: int  # how many times this replica was restarted alone in this attempt
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class ReplicaStarted:
+    attempt: int
+    replica: str
+    restart: int
+    pid: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class ReplicaFirstOutput:
+    attempt: int
+    replica: str
+    restart: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class ReplicaExited:
+    attempt: int
+    replica: str
+    restart: int
+    pid: int | None
+    evidence: ExitEvidence
+    time_s: float  # when the backend saw the exit
+
+
+BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
+
+
+class Backend(Protocol):
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        """Where to send events; called once before anything starts."""
+
+    async def rendezvous(self) -> tuple[str, int]:
+        """A fresh (MASTER_ADDR, MASTER_PORT) for a new attempt."""
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        """Start every launch in parallel; each ends in a ReplicaStarted or ReplicaExited."""
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        """Stop these replicas (TERM, grace, KILL) and return once all are gone.
+
+        Their exits are still emitted, marked as requested by the master.
+        """
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        """The last lines the current run of `replica` printed."""
+
+    async def close(self) -> None:
+        """Stop everything still running and release resources."""

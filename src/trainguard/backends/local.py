@@ -1,0 +1,255 @@
+"""The local-process backend (R-RUN-1): each replica a child process in its own group.
+
+Exits are learnt from the child watcher (an event, never a polling sleep); output is
+read as it arrives, written to one file per replica run, kept as a tail for
+classification, and tee'd to the terminal with a `[replica]` prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO, TextIO
+
+from trainguard.backends._guardian import Guardian
+from trainguard.backends.base import (
+    BackendEvent,
+    Launch,
+    ReplicaExited,
+    ReplicaFirstOutput,
+    ReplicaStarted,
+)
+from trainguard.classify import ExitEvidence
+from trainguard.oom import oom_kill_count
+
+TAIL_LINES = 200
+MAX_LINE = 4096
+_DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _libc: Any = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not Linux
+    _libc = None
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """Runs in the child between fork and exec: die with the master."""
+
+    def setup() -> None:
+        if _libc is not None:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the master died before prctl took effect
+            os._exit(137)
+
+    return setup
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _Run:
+    """One run of one replica: its process, its log file, its output tail."""
+
+    def __init__(self, launch: Launch, log: BinaryIO) -> None:
+        self.launch = launch
+        self.log = log
+        self.pid = 0
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.partial = b""
+        self.stop_requested = False
+        self.first_output = False
+        self.oom_before = oom_kill_count()
+        self.eof = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.done = asyncio.Event()
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, backend: LocalBackend, run: _Run) -> None:
+        self.backend = backend
+        self.run = run
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.backend._on_output(self.run, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.backend._on_output_end(self.run)
+
+    def process_exited(self) -> None:
+        self.run.exited.set()
+
+
+class LocalBackend:
+    def __init__(self, tee: TextIO | None = None, host: str = "127.0.0.1") -> None:
+        self._emit: Callable[[BackendEvent], None] = lambda _ev: None
+        self._runs: dict[str, _Run] = {}
+        self._tee = tee
+        self._host = host
+        self._guardian: Guardian | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self._emit = emit
+
+    async def rendezvous(self) -> tuple[str, int]:
+        return self._host, free_port(self._host)
+
+    # -------------------------------------------------------------- start
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        if self._guardian is None:
+            self._guardian = Guardian()
+        loop = asyncio.get_running_loop()
+        for launch in launches:
+            await self._spawn(loop, launch)
+
+    async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
+        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115 - closed when the run ends
+        run = _Run(launch, log)
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: _Protocol(self, run),
+                *launch.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=launch.env,
+                cwd=launch.cwd,
+                start_new_session=True,
+                preexec_fn=_child_setup(os.getpid()),
+            )
+        except OSError as exc:
+            log.close()
+            self._emit(self._spawn_failed(launch, exc))
+            return
+        run.transport = transport
+        run.pid = transport.get_pid()
+        self._runs[launch.replica] = run
+        assert self._guardian is not None
+        self._guardian.watch(run.pid)
+        self._emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, run.pid, time.time()))
+        task = asyncio.create_task(self._watch(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _spawn_failed(self, launch: Launch, exc: OSError) -> ReplicaExited:
+        program = launch.argv[0]
+        if isinstance(exc, FileNotFoundError):
+            why = f"command not found: {program!r}"
+            if not os.path.isdir(launch.cwd):
+                why = f"working directory not found: {launch.cwd!r}"
+        elif isinstance(exc, PermissionError):
+            why = f"permission denied: {program!r} is not executable"
+        else:
+            why = f"cannot start {program!r}: {exc.strerror or exc}"
+        ev = ExitEvidence(launch.replica, None, spawn_error=why)
+        return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())
+
+    # -------------------------------------------------------------- output
+
+    def _on_output(self, run: _Run, data: bytes) -> None:
+        run.log.write(data)
+        if not run.first_output:
+            run.first_output = True
+            launch = run.launch
+            self._emit(ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time()))
+        lines = (run.partial + data).split(b"\n")
+        run.partial = lines.pop()
+        if len(run.partial) > MAX_LINE:
+            lines.append(run.partial)
+            run.partial = b""
+        self._take_lines(run, lines)
+
+    def _take_lines(self, run: _Run, lines: list[bytes]) -> None:
+        name = run.launch.replica
+        out: list[str] = []
+        for raw in lines:
+            text = raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+            run.tail.append(text)
+            if self._tee is not None:
+                out.append(f"[{name}]: {text}\n")
+        if out and self._tee is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._tee.write("".join(out))
+                self._tee.flush()
+
+    def _on_output_end(self, run: _Run) -> None:
+        if run.partial:
+            self._take_lines(run, [run.partial])
+            run.partial = b""
+        run.eof.set()
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        run = self._runs.get(replica)
+        return tuple(run.tail) if run else ()
+
+    # -------------------------------------------------------------- exit
+
+    async def _watch(self, run: _Run) -> None:
+        await run.exited.wait()
+        seen_s = time.time()
+        assert run.transport is not None
+        returncode = run.transport.get_returncode()
+        # The replica is its process group: whatever it left behind goes with it.
+        self._killpg(run, signal.SIGKILL)
+        if self._guardian is not None:
+            self._guardian.forget(run.pid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.eof.wait(), _DRAIN_S)
+        run.transport.close()
+        run.log.close()
+        launch = run.launch
+        if self._runs.get(launch.replica) is run:
+            del self._runs[launch.replica]
+        ev = ExitEvidence(
+            replica=launch.replica,
+            returncode=returncode,
+            stop_requested=run.stop_requested,
+            log_tail=tuple(run.tail),
+            oom_kills=max(0, oom_kill_count() - run.oom_before),
+        )
+        run.done.set()
+        self._emit(ReplicaExited(launch.attempt, launch.replica, launch.restart, run.pid, ev, seen_s))
+
+    @staticmethod
+    def _killpg(run: _Run, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pid, sig)
+
+    # -------------------------------------------------------------- stop
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        runs = [self._runs[r] for r in replicas if r in self._runs]
+        if not runs:
+            return
+        for run in runs:
+            run.stop_requested = True
+            self._killpg(run, signal.SIGTERM)
+        waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
+        _, pending = await asyncio.wait(waits, timeout=grace_s)
+        if pending:
+            for run in runs:
+                if not run.done.is_set():
+                    self._killpg(run, signal.SIGKILL)
+            await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        await self.stop(list(self._runs), grace_s=5.0)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        if self._guardian is not None:
+            self._guardian.close()
+            self._guardian = None

@@ -1,0 +1,332 @@
+"""`trainguard`: run a job here, or look at the jobs in the store.
+
+Every user mistake ends in one clear line (or one per problem) and exit status 2;
+never in a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard import __version__
+from trainguard.errors import JobNotFound, SpecError, TrainguardError
+from trainguard.ft_args import parse_ft_args
+from trainguard.liveness import master_alive, reap_interrupted
+from trainguard.spec import JobSpec, load_spec_file, validate_spec
+from trainguard.states import JobState
+from trainguard.store import Store
+from trainguard.views import job_summary, job_view
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 130
+
+# CLI flag -> fault_tolerance field (one to one; None = the flag's own name).
+_FT_FLAGS = {
+    "execution_mode": "--execution-mode",
+    "fault_tolerant_policy": "--fault-tolerant-policy",
+    "enable_job_restart": "--enable-job-restart",
+    "max_num_of_job_restart": "--max-restarts",
+    "max_replica_restarts": "--max-replica-restarts",
+    "max_transient_restarts": "--max-transient-restarts",
+    "stop_grace_period_s": "--stop-grace-period",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, no usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
+    p.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    p.add_argument("--home", help="state directory (default: $TRAINGUARD_HOME or ./.trainguard)")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a job and supervise it until it ends")
+    run.add_argument("-f", "--file", type=Path, help="job spec (YAML)")
+    run.add_argument("--job-name", dest="name", help="the job's name")
+    run.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
+    run.add_argument("--framework", help="pytorch (default) or generic")
+    run.add_argument("--success-policy", help="chief (default) or all")
+    run.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
+    for field, flag in _FT_FLAGS.items():
+        run.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
+    run.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+    run.add_argument("--quiet", action="store_true", help="do not tee replica output")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    jobs = sub.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--limit", type=int, default=50)
+
+    for name, text in (
+        ("status", "a job's state, attempts and replicas"),
+        ("records", "a job's restart records"),
+        ("cancel", "cancel a running job"),
+    ):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("job", help="job id or name")
+        sp.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", help="a replica's log")
+    logs.add_argument("job", help="job id or name")
+    logs.add_argument("--replica", help="replica name, e.g. worker-1 (default: the primary)")
+    logs.add_argument("--attempt", type=int, help="attempt number (default: the last)")
+    logs.add_argument("--tail", type=int, help="only the last N lines")
+    return p
+
+
+# ------------------------------------------------------------------ run
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
+    """Spec file, then --ft-args, then explicit flags: each later source wins."""
+    data: dict[str, Any] = load_spec_file(args.file) if args.file else {}
+    problems: list[str] = []
+    if command:
+        if data.get("worker_pools"):
+            problems.append("command: give either a spec with worker_pools or a command, not both")
+        else:
+            pool: dict[str, Any] = {"role": "worker", "command": command}
+            pool["replicas"] = args.nproc if args.nproc is not None else 1
+            data["worker_pools"] = [pool]
+    elif not data.get("worker_pools"):
+        problems.append(
+            "command: none given; put it after --, e.g. "
+            "`trainguard run --nproc-per-node 2 -- python train.py`, or use -f job.yaml"
+        )
+    elif args.nproc is not None:
+        problems.append("--nproc-per-node: applies to a command, not to a spec's worker_pools")
+    if args.env and data.get("worker_pools"):
+        extra: dict[str, str] = {}
+        for item in args.env:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                problems.append(f"--env: must be KEY=VALUE, got {item!r}")
+            extra[key] = value
+        data["worker_pools"] = [
+            {**p, "env": {**p.get("env", {}), **extra}} if isinstance(p, dict) else p
+            for p in data["worker_pools"]
+        ]
+    if problems:
+        raise SpecError(problems)
+    ft: dict[str, Any] = dict(data.get("fault_tolerance") or {})
+    if args.ft_args:
+        ft.update(parse_ft_args(args.ft_args))
+    for field in _FT_FLAGS:
+        value = getattr(args, field)
+        if value is not None:
+            ft[field] = value
+    data["fault_tolerance"] = ft
+    for key in ("name", "framework", "success_policy"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if "name" not in data and command:
+        data["name"] = _default_name(command)
+    return validate_spec(data)
+
+
+def _default_name(command: list[str]) -> str:
+    """`python train.py` -> `train`; `./run.sh` -> `run`; otherwise the program's name."""
+    script = next((w for w in command if w.endswith((".py", ".sh"))), command[0])
+    stem = Path(script).stem
+    return re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-._")[:60] or "job"
+
+
+def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
+    from trainguard.runner import run_job
+
+    spec = build_spec(args, command)
+    job_id, outcome = run_job(spec, store, tee=None if args.quiet else sys.stdout)
+    state = outcome.state
+    err = sys.stderr
+    if state is JobState.SUCCEEDED:
+        print(
+            f"trainguard: job {job_id} SUCCEEDED after {outcome.attempts} attempt(s), "
+            f"{outcome.restarts} restart(s). Records: trainguard records {job_id}",
+            file=err,
+        )
+        return 0
+    print(f"trainguard: job {job_id} {state.value}", file=err)
+    if outcome.error_message:
+        print(f"trainguard: {outcome.error_message}", file=err)
+    if outcome.failure is not None and outcome.failure.log_tail:
+        f = outcome.failure
+        print(f"trainguard: last lines of {f.replica}'s log (attempt {f.attempt}):", file=err)
+        for line in f.log_tail[-20:]:
+            print(f"    {line}", file=err)
+    return EXIT_CANCELLED if state is JobState.CANCELLED else EXIT_FAILED
+
+
+# ------------------------------------------------------------------ readers
+
+
+def _fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _dump(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def cmd_jobs(args: argparse.Namespace, store: Store) -> int:
+    rows = [job_summary(j) for j in store.list_jobs(args.limit)]
+    if args.json:
+        _dump(rows)
+        return 0
+    if not rows:
+        print(f"no jobs in {store.home}")
+        return 0
+    print(f"{'ID':<22} {'NAME':<20} {'STATE':<12} {'ATTEMPTS':>8}  CREATED")
+    for r in rows:
+        print(
+            f"{r['id']:<22} {r['name'][:20]:<20} {r['state']:<12} {r['attempts']:>8}  "
+            f"{_fmt_time(r['created_at_s'])}"
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, store: Store) -> int:
+    view = job_view(store, store.resolve_job(args.job))
+    if args.json:
+        _dump(view)
+        return 0
+    print(f"job       {view['id']} ({view['name']})")
+    print(f"state     {view['state']}")
+    print(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
+    print(f"created   {_fmt_time(view['created_at_s'])}   ended {_fmt_time(view['ended_at_s'])}")
+    if view["error_message"]:
+        print(f"error     [{view['error_code']}] {view['error_message']}")
+    print(f"logs      {view['log_dir']}")
+    print("replicas:")
+    for r in view["replicas"]:
+        code = "" if r["exit_code"] is None else f" exit {r['exit_code']}"
+        sig = f" ({r['signal']})" if r["signal"] else ""
+        print(f"  {r['name']:<12} rank {r['rank']:<3} {r['state']:<10} pid {r['pid']}{code}{sig}")
+    return 0
+
+
+def cmd_records(args: argparse.Namespace, store: Store) -> int:
+    job = store.resolve_job(args.job)
+    rows = store.restarts_of(job["id"])
+    if args.json:
+        _dump(rows)
+        return 0
+    if not rows:
+        print(f"job {job['id']} has no restart records ({job['state']})")
+        return 0
+    for r in rows:
+        print(
+            f"#{r['round']} {_fmt_time(r['at_s'])} node {r['node']} replica {r['replica']} "
+            f"code {r['error_code']} source {r['error_source']} class {r['failure_class']}"
+        )
+        print(f"   message:  {r['error_message']}")
+        print(f"   decision: {r['decision']}")
+        phases = ", ".join(
+            f"{k[:-3]} {r[k]:.0f} ms"
+            for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
+            if r[k] is not None
+        )
+        print(f"   phases:   {phases}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, store: Store) -> int:
+    job = store.resolve_job(args.job)
+    runs = store.runs_of(job["id"], args.attempt)
+    if not runs:
+        where = f" in attempt {args.attempt}" if args.attempt is not None else ""
+        raise JobNotFound(f"job {job['id']} has no replica runs{where}")
+    attempt = max(r["attempt"] for r in runs)
+    runs = [r for r in runs if r["attempt"] == attempt]
+    name = args.replica or min(runs, key=lambda r: r["rank"])["replica"]
+    mine = [r for r in runs if r["replica"] == name]
+    if not mine:
+        names = ", ".join(sorted({r["replica"] for r in runs}))
+        raise JobNotFound(f"job {job['id']} has no replica {name!r} (it has: {names})")
+    path = Path(mine[-1]["log_path"])
+    if not path.is_file():
+        print(f"(no output yet: {path})", file=sys.stderr)
+        return 0
+    with open(path, "rb") as fh:
+        data = fh.read()
+    text = data.decode("utf-8", "replace")
+    if args.tail is not None:
+        text = "\n".join(text.splitlines()[-args.tail :]) + "\n"
+    sys.stdout.write(text)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
+    job = store.resolve_job(args.job)
+    state = JobState(job["state"])
+    if state.is_terminal:
+        print(f"job {job['id']} is already {state.value}; nothing to cancel")
+        return 0
+    if not master_alive(job):
+        reap_interrupted(store)
+        print(f"job {job['id']}: its master is gone; marked {JobState.INTERRUPTED.value}")
+        return 0
+    os.kill(int(job["master_pid"]), signal.SIGTERM)
+    deadline = time.time() + json.loads(job["spec_json"])["fault_tolerance"][
+        "stop_grace_period_s"
+    ] + 30
+    while time.time() < deadline:
+        state = JobState(store.job(job["id"])["state"])
+        if state.is_terminal:
+            break
+        time.sleep(0.1)  # another process's state: the store is all we can watch
+    print(f"job {job['id']} {state.value}")
+    return 0 if state.is_terminal else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, command = _split_command(argv)
+    try:
+        args = _parser().parse_args(head)
+        store = Store(Path(args.home).resolve() if args.home else None)
+        if args.cmd == "run":
+            command = command or [c for c in args.command if c != "--"]
+            return cmd_run(args, store, command)
+        if command:
+            raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
+        reap_interrupted(store)
+        handler = {
+            "jobs": cmd_jobs,
+            "status": cmd_status,
+            "records": cmd_records,
+            "logs": cmd_logs,
+            "cancel": cmd_cancel,
+        }[args.cmd]
+        return handler(args, store)
+    except SpecError as exc:
+        for line in exc.problems:
+            print(f"trainguard: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainguardError as exc:
+        print(f"trainguard: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

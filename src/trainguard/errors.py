@@ -1,0 +1,33 @@
+"""The exceptions trainguard raises on purpose.
+
+    TrainguardError            anything the CLI turns into one clear line, never a traceback
+    ├── SpecError              a job spec or flag is invalid (one problem per line; exit 2)
+    ├── JobNotFound            a job id or name matches no job (or several)
+    └── StoreError             the state database cannot be opened or written
+"""
+
+from __future__ import annotations
+
+
+class TrainguardError(Exception):
+    """Base of every error meant for the user; `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class SpecError(TrainguardError):
+    """Invalid spec or flags; carries every problem found, each naming a field and value."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class JobNotFound(TrainguardError):
+    exit_code = 2
+
+
+class StoreError(TrainguardError):
+    pass

@@ -1,0 +1,432 @@
+"""The job master (R-JOB-2..5, R-POL-1): one asyncio loop per job.
+
+It waits for events (a replica started, printed its first line, exited; a cancel),
+asks the pure policy what an exit means, and carries the decision out through the
+backend. `step(event)` is one turn of the loop, so tests can drive it event by event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.backends.base import (
+    Backend,
+    Launch,
+    ReplicaExited,
+    ReplicaFirstOutput,
+    ReplicaStarted,
+)
+from trainguard.classify import (
+    INTERNAL_ERROR_MESSAGE,
+    Classification,
+    ExitKind,
+    FailureClass,
+    classify_exit,
+)
+from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
+from trainguard.policy import (
+    Budgets,
+    Decision,
+    Failure,
+    FailJob,
+    Ignore,
+    RestartJob,
+    RestartReplica,
+    Succeed,
+    decide_clean_exit,
+    decide_failure,
+    describe,
+    error_code,
+)
+from trainguard.recorder import Recorder
+from trainguard.spec import JobSpec
+from trainguard.states import JobState, ReplicaState
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    reason: str = "cancelled by the user"
+
+
+MasterEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited | CancelRequested
+
+
+@dataclass
+class _Replica:
+    plan: ReplicaPlan
+    state: ReplicaState = ReplicaState.STARTING
+    pid: int | None = None
+    restarts: int = 0  # restarts alone within the current attempt (async mode)
+    run_id: int | None = None
+
+
+@dataclass
+class _PendingRestart:
+    """Phase timings of the restart in progress, filled in as the new attempt comes up."""
+
+    record_id: int
+    start_begin_s: float
+    started: bool = False
+    first_output: bool = False
+
+
+@dataclass
+class Outcome:
+    state: JobState
+    error_code: str | None = None
+    error_message: str | None = None
+    failure: Failure | None = None
+    attempts: int = 0
+    restarts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Master:
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        spec: JobSpec,
+        backend: Backend,
+        recorder: Recorder,
+        log_dir: Path,
+        cwd: str,
+        say: Callable[[str], None] = lambda _msg: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job_id = job_id
+        self.spec = spec
+        self.ft = spec.fault_tolerance
+        self.backend = backend
+        self.rec = recorder
+        self.log_dir = log_dir
+        self.cwd = cwd
+        self.say = say
+        self.clock = clock
+        plans = plan_replicas(spec)
+        self.replicas = {p.name: _Replica(p) for p in plans}
+        self.primary = primary_replica(plans)
+        self._role_sizes = {p.role: p.replicas for p in spec.worker_pools}
+        self.state = JobState.PENDING
+        self.attempt = -1
+        self.budgets = Budgets()
+        self.outcome = Outcome(JobState.PENDING)
+        self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
+        self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
+        self._pending: _PendingRestart | None = None
+        self._cancel_count = 0
+
+    # -------------------------------------------------------------- the loop
+
+    def post(self, event: MasterEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Ask the loop to cancel; a second call stops the replicas without grace."""
+        self._cancel_count += 1
+        if self._cancel_count == 1:
+            self.post(CancelRequested(reason))
+        else:
+            live = [n for n, r in self.replicas.items() if not r.state.is_terminal]
+            asyncio.ensure_future(self.backend.stop(live, grace_s=0))
+
+    async def run(self) -> Outcome:
+        self.backend.bind(self.post)
+        try:
+            await self._start_attempt()
+            while not self.state.is_terminal:
+                await self.step(await self._queue.get())
+        except Exception as exc:  # a fault of trainguard itself, not of the job
+            await self._internal_error(exc)
+        finally:
+            await self.backend.close()
+        return self.outcome
+
+    async def step(self, event: MasterEvent) -> None:
+        match event:
+            case ReplicaStarted():
+                self._on_started(event)
+            case ReplicaFirstOutput():
+                self._on_first_output(event)
+            case ReplicaExited():
+                await self._on_exit(event)
+            case CancelRequested():
+                await self._on_cancel(event)
+
+    # -------------------------------------------------------------- transitions
+
+    def _transition(self, state: JobState, reason: str, **job_values: object) -> None:
+        prev, self.state = self.state, state
+        self.outcome.state = state
+        self.rec.transition(prev, state, self.clock(), reason, **job_values)
+        self.say(f"job {self.job_id} {state.value}: {reason}")
+
+    # -------------------------------------------------------------- attempts
+
+    def _launch(self, rep: _Replica) -> Launch:
+        addr, port = self._rendezvous
+        plan = rep.plan
+        suffix = f".r{rep.restarts}" if rep.restarts else ""
+        env = dict(os.environ)
+        env.update(
+            replica_env(
+                plan,
+                job_id=self.job_id,
+                world_size=len(self.replicas),
+                master_addr=addr,
+                master_port=port,
+                restart_count=self.attempt + rep.restarts,
+                max_restarts=self.ft.max_num_of_job_restart,
+                role_world_size=self._role_sizes[plan.role],
+            )
+        )
+        return Launch(
+            attempt=self.attempt,
+            replica=plan.name,
+            rank=plan.rank,
+            restart=rep.restarts,
+            argv=plan.argv,
+            env=env,
+            cwd=self.cwd,
+            log_path=self.log_dir / f"attempt-{self.attempt}" / f"{plan.name}{suffix}.log",
+        )
+
+    async def _start_attempt(self) -> None:
+        self.attempt += 1
+        self._rendezvous = await self.backend.rendezvous()
+        addr, port = self._rendezvous
+        self.rec.attempt_started(self.attempt, self.clock(), addr, port)
+        self.outcome.attempts = self.attempt + 1
+        for rep in self.replicas.values():
+            rep.state, rep.pid, rep.restarts, rep.run_id = ReplicaState.STARTING, None, 0, None
+        if self._pending is not None:
+            self._pending.start_begin_s = self.clock()
+        await self.backend.start([self._launch(r) for r in self.replicas.values()])
+
+    def _current(self, attempt: int, replica: str, restart: int) -> _Replica | None:
+        rep = self.replicas.get(replica)
+        if rep is None or attempt != self.attempt or restart != rep.restarts:
+            return None
+        return rep
+
+    def _on_started(self, ev: ReplicaStarted) -> None:
+        rep = self._current(ev.attempt, ev.replica, ev.restart)
+        log_path = self.log_dir / f"attempt-{ev.attempt}" / (
+            f"{ev.replica}.r{ev.restart}.log" if ev.restart else f"{ev.replica}.log"
+        )
+        run_id = self.rec.run_started(
+            attempt=ev.attempt,
+            replica=ev.replica,
+            rank=self.replicas[ev.replica].plan.rank,
+            restart=ev.restart,
+            pid=ev.pid,
+            log_path=log_path,
+            at_s=ev.time_s,
+        )
+        if rep is None:
+            return
+        rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
+        if self.state in (JobState.PENDING, JobState.RESTARTING) and all(
+            r.state is ReplicaState.RUNNING for r in self.replicas.values()
+        ):
+            pending = self._pending
+            if pending is not None and not pending.started:
+                pending.started = True
+                self.rec.restart_phases(
+                    pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
+                )
+            n = len(self.replicas)
+            self._transition(JobState.RUNNING, f"attempt {self.attempt}: all {n} replicas running")
+
+    def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
+        pending = self._pending
+        if pending is None or pending.first_output or ev.attempt != self.attempt:
+            return
+        pending.first_output = True
+        self.rec.restart_phases(
+            pending.record_id, first_output_ms=(ev.time_s - pending.start_begin_s) * 1000
+        )
+
+    # -------------------------------------------------------------- exits
+
+    async def _on_exit(self, ev: ReplicaExited) -> None:
+        c = classify_exit(ev.evidence)
+        rep = self._current(ev.attempt, ev.replica, ev.restart)
+        state = {
+            ExitKind.CLEAN: ReplicaState.SUCCEEDED,
+            ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
+        }.get(c.kind, ReplicaState.FAILED)
+        run_id = rep.run_id if rep is not None else None
+        if run_id is None and ev.pid is None:  # never started: record the attempt to start
+            run_id = self._record_spawn_failure(ev)
+        if run_id is not None:
+            self.rec.run_ended(run_id, ev.time_s, c, state)
+        if rep is None:
+            return  # an exit of an earlier attempt or run, already dealt with
+        rep.state = state
+        rep.run_id = None
+        if c.kind is ExitKind.STOP_REQUESTED:
+            return
+        if self.state not in (JobState.PENDING, JobState.RUNNING):
+            return  # already restarting, cancelling or finished: this exit is a consequence
+        failure: Failure | None = None
+        if c.kind is ExitKind.CLEAN:
+            decision = decide_clean_exit(
+                self.spec.success_policy,
+                ev.replica,
+                self.primary,
+                all(r.state is ReplicaState.SUCCEEDED for r in self.replicas.values()),
+            )
+        else:
+            failure = Failure(
+                replica=ev.replica,
+                role=rep.plan.role,
+                rank=rep.plan.rank,
+                attempt=ev.attempt,
+                pid=ev.pid,
+                time_s=ev.time_s,
+                classification=c,
+                log_tail=ev.evidence.log_tail,
+            )
+            decision = decide_failure(self.ft, self.budgets, failure)
+            self.say(f"{ev.replica} failed: {c.message} -> {describe(decision)}")
+        await self._apply(decision, failure, ev.time_s)
+
+    def _record_spawn_failure(self, ev: ReplicaExited) -> int:
+        return self.rec.run_started(
+            attempt=ev.attempt,
+            replica=ev.replica,
+            rank=self.replicas[ev.replica].plan.rank,
+            restart=ev.restart,
+            pid=None,
+            log_path=self.log_dir / f"attempt-{ev.attempt}" / f"{ev.replica}.log",
+            at_s=ev.time_s,
+        )
+
+    async def _apply(self, decision: Decision, failure: Failure | None, seen_s: float) -> None:
+        match decision:
+            case Ignore():
+                return
+            case Succeed():
+                await self._finish(JobState.SUCCEEDED, decision.reason)
+            case FailJob():
+                self.outcome.failure = failure
+                await self._finish(
+                    JobState.FAILED,
+                    decision.reason,
+                    error_code=decision.error_code,
+                    error_message=decision.message,
+                )
+            case RestartJob():
+                assert failure is not None
+                await self._restart_job(decision, failure, seen_s)
+            case RestartReplica():
+                assert failure is not None
+                await self._restart_replica(decision, failure, seen_s)
+
+    def _live(self) -> list[str]:
+        return [n for n, r in self.replicas.items() if not r.state.is_terminal]
+
+    async def _finish(
+        self,
+        state: JobState,
+        reason: str,
+        error_code: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        self.rec.attempt_ended(self.attempt, self.clock(), state.value, reason)
+        self.outcome.error_code, self.outcome.error_message = error_code, error_message
+        self._transition(state, reason, error_code=error_code, error_message=error_message)
+
+    def _record_restart(self, decision: Decision, failure: Failure, seen_s: float) -> int:
+        c = failure.classification
+        decided_s = self.clock()
+        self.budgets = self.budgets.charged(decision)
+        self.outcome.restarts += 1
+        return self.rec.restart(
+            round=self.outcome.restarts,
+            at_s=decided_s,
+            replica=failure.replica,
+            error_code=error_code(c),
+            error_message=c.message,
+            error_source=_source(c),
+            failure_class=c.failure_class.value if c.failure_class else None,
+            rule=c.rule,
+            decision=describe(decision),
+            detect_ms=max(0.0, decided_s - seen_s) * 1000,
+        )
+
+    async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
+        record_id = self._record_restart(decision, failure, seen_s)
+        self._transition(JobState.RESTARTING, describe(decision))
+        t0 = self.clock()
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        t1 = self.clock()
+        self.rec.attempt_ended(self.attempt, t1, "restarted", failure.classification.message)
+        self._pending = _PendingRestart(record_id, t1)
+        await self._start_attempt()
+        t2 = self._pending.start_begin_s
+        self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=(t2 - t1) * 1000)
+
+    async def _restart_replica(
+        self, decision: RestartReplica, failure: Failure, seen_s: float
+    ) -> None:
+        record_id = self._record_restart(decision, failure, seen_s)
+        rep = self.replicas[decision.replica]
+        rep.restarts += 1
+        rep.state = ReplicaState.STARTING
+        t0 = self.clock()
+        await self.backend.start([self._launch(rep)])
+        self.rec.restart_phases(record_id, stop_ms=0.0, start_ms=(self.clock() - t0) * 1000)
+
+    # -------------------------------------------------------------- cancel & internal errors
+
+    async def _on_cancel(self, ev: CancelRequested) -> None:
+        if self.state.is_terminal:
+            return
+        self._transition(JobState.CANCELLING, ev.reason)
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        self.rec.attempt_ended(self.attempt, self.clock(), "cancelled", ev.reason)
+        self._transition(JobState.CANCELLED, "every replica stopped")
+
+    async def _internal_error(self, exc: Exception) -> None:
+        detail = "".join(traceback.format_exception(exc))
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_dir / "master-error.log", "a") as fh:
+                fh.write(detail)
+        except OSError:
+            pass
+        self.say(f"internal error: {exc!r} (details in {self.log_dir / 'master-error.log'})")
+        try:
+            await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        except Exception:  # noqa: BLE001 - already failing; close() is the last resort
+            pass
+        self.outcome.error_code, self.outcome.error_message = "INTERNAL", INTERNAL_ERROR_MESSAGE
+        if not self.state.is_terminal:
+            try:
+                self._transition(
+                    JobState.FAILED,
+                    f"internal error: {exc!r}",
+                    error_code="INTERNAL",
+                    error_message=INTERNAL_ERROR_MESSAGE,
+                )
+            except Exception:  # noqa: BLE001 - the store itself may be what failed
+                self.state = self.outcome.state = JobState.FAILED
+
+
+def _source(c: Classification) -> str:
+    if c.failure_class in (FailureClass.HANG,):
+        return "hang_detector"
+    if c.failure_class in (FailureClass.EXIT_HANG,):
+        return "exit_hang_detector"
+    if c.matched_line is not None:
+        return "log"
+    return "exit_code"

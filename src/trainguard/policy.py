@@ -1,0 +1,202 @@
+"""Fault-tolerance policy (R-POL-1..3, R-POL-5): pure decisions, as values.
+
+`decide_failure(ft, budgets, failure)` and `decide_clean_exit(...)` touch no process,
+file or clock. The master applies what they return; tests drive them by tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from trainguard.classify import Classification, FailureClass
+from trainguard.spec import (
+    ExecutionMode,
+    FaultTolerance,
+    FaultTolerantPolicy,
+    SuccessPolicy,
+    limit_allows,
+)
+
+Limit = int | Literal["unlimited"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A structured failure record: who failed, how, and what they said last."""
+
+    replica: str
+    role: str
+    rank: int
+    attempt: int
+    pid: int | None
+    time_s: float
+    classification: Classification
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One budget charged by a decision, with what it has used after the charge."""
+
+    budget: str
+    used: int
+    limit: Limit
+
+    def __str__(self) -> str:
+        return f"{self.budget} {self.used}/{self.limit}"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How much of each budget a job has used so far (a value; charging makes a new one)."""
+
+    job_restarts: int = 0
+    replica_restarts: dict[str, int] = field(default_factory=dict)
+    class_restarts: dict[str, int] = field(default_factory=dict)
+
+    def charged(self, decision: Decision) -> Budgets:
+        out = self
+        for c in getattr(decision, "charges", ()):
+            if c.budget == "job_restarts":
+                out = replace(out, job_restarts=c.used)
+            elif c.budget.startswith("replica_restarts:"):
+                name = c.budget.split(":", 1)[1]
+                out = replace(out, replica_restarts={**out.replica_restarts, name: c.used})
+            else:
+                out = replace(out, class_restarts={**out.class_restarts, c.budget: c.used})
+        return out
+
+
+# ---------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class RestartJob:
+    reason: str
+    charges: tuple[Charge, ...]
+
+
+@dataclass(frozen=True)
+class RestartReplica:
+    replica: str
+    reason: str
+    charges: tuple[Charge, ...]
+
+
+@dataclass(frozen=True)
+class FailJob:
+    error_code: str
+    message: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Succeed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ignore:
+    reason: str
+
+
+Decision = RestartJob | RestartReplica | FailJob | Succeed | Ignore
+
+
+def describe(decision: Decision) -> str:
+    """One line for records and logs: what was decided, why, and what it cost."""
+    name = type(decision).__name__
+    charges = getattr(decision, "charges", ())
+    cost = f" [charged {', '.join(map(str, charges))}]" if charges else ""
+    target = f"({decision.replica})" if isinstance(decision, RestartReplica) else ""
+    return f"{name}{target}: {decision.reason}{cost}"
+
+
+# ---------------------------------------------------------------- rules
+
+# Failure classes with a budget of their own (Vertex: transient and capacity 3, internal 2).
+_CLASS_BUDGET: dict[FailureClass, str] = {
+    FailureClass.TRANSIENT_EXIT: "max_transient_restarts",
+    FailureClass.CAPACITY: "max_capacity_restarts",
+    FailureClass.INTERNAL: "max_internal_restarts",
+}
+
+# Roles that restart alone in async mode; any other role restarts the whole job.
+_ASYNC_ALONE_ROLES = frozenset({"worker"})
+
+
+def error_code(c: Classification) -> str:
+    if c.failure_class is FailureClass.INTERNAL:
+        return "INTERNAL"
+    if c.exit_code is None:
+        return "SPAWN_ERROR"
+    return str(c.exit_code)
+
+
+def _fail(failure: Failure, why: str) -> FailJob:
+    c = failure.classification
+    return FailJob(error_code(c), c.message, why)
+
+
+def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str]:
+    if ft.fault_tolerant_policy is FaultTolerantPolicy.NEVER:
+        return False, "fault_tolerant_policy is Never"
+    if c.failure_class is FailureClass.USER_ERROR and c.exit_code is None:
+        return False, "the command cannot be started; a retry cannot help"
+    if ft.fault_tolerant_policy is FaultTolerantPolicy.ON_FAILURE:
+        return True, "fault_tolerant_policy is OnFailure"
+    if c.retryable:
+        return True, f"{c.failure_class} is retryable (rule {c.rule})"
+    return False, f"{c.failure_class} is not retryable (rule {c.rule})"
+
+
+def _job_restart(
+    ft: FaultTolerance, b: Budgets, failure: Failure, why: str, extra: tuple[Charge, ...]
+) -> Decision:
+    if not ft.enable_job_restart:
+        return _fail(failure, f"{why}; but enable_job_restart is False")
+    limit = ft.max_num_of_job_restart
+    if not limit_allows(limit, b.job_restarts):
+        return _fail(failure, f"{why}; but the job restart budget is spent ({b.job_restarts}/{limit})")
+    charge = Charge("job_restarts", b.job_restarts + 1, limit)
+    return RestartJob(why, (*extra, charge))
+
+
+def decide_failure(ft: FaultTolerance, b: Budgets, failure: Failure) -> Decision:
+    """What to do about one replica's failure (the root cause, not its cascade)."""
+    c = failure.classification
+    retry, why = _is_retryable(ft, c)
+    if not retry:
+        return _fail(failure, why)
+
+    extra: tuple[Charge, ...] = ()
+    budget_field = _CLASS_BUDGET.get(c.failure_class) if c.failure_class else None
+    if budget_field is not None:
+        limit: Limit = getattr(ft, budget_field)
+        used = b.class_restarts.get(budget_field, 0)
+        if not limit_allows(limit, used):
+            return _fail(failure, f"{why}; but {budget_field} is spent ({used}/{limit})")
+        extra = (Charge(budget_field, used + 1, limit),)
+
+    if ft.execution_mode is ExecutionMode.ASYNC and failure.role in _ASYNC_ALONE_ROLES:
+        key = f"replica_restarts:{failure.replica}"
+        used = b.replica_restarts.get(failure.replica, 0)
+        if limit_allows(ft.max_replica_restarts, used):
+            charge = Charge(key, used + 1, ft.max_replica_restarts)
+            return RestartReplica(failure.replica, why, (*extra, charge))
+        why = f"{why}; {failure.replica} spent its {ft.max_replica_restarts} restarts, so the job restarts"
+    return _job_restart(ft, b, failure, why, extra)
+
+
+def decide_clean_exit(
+    policy: SuccessPolicy, replica: str, primary: str, all_succeeded: bool
+) -> Decision:
+    """A replica exited 0: is the job done (R-JOB-4)?"""
+    if policy is SuccessPolicy.CHIEF:
+        if replica == primary:
+            return Succeed(f"the primary replica {replica} exited 0")
+        return Ignore(f"{replica} exited 0; waiting for the primary replica {primary}")
+    if all_succeeded:
+        return Succeed("every replica exited 0")
+    return Ignore(f"{replica} exited 0; waiting for the other replicas")

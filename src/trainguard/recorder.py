@@ -1,0 +1,101 @@
+"""Turns what the master emits (transitions, attempts, runs, restarts) into store rows."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from trainguard.classify import Classification
+from trainguard.states import JobState, ReplicaState
+from trainguard.store import Store, attempts, jobs, replica_runs, restart_records, spec_json
+
+NODE = socket.gethostname()
+
+
+class Recorder:
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store = store
+        self.job_id = job_id
+
+    def job_created(
+        self, *, name: str, spec: Any, log_dir: Path, at_s: float, master: dict[str, Any]
+    ) -> None:
+        self.store.insert(
+            jobs,
+            id=self.job_id,
+            name=name,
+            spec_json=spec_json(spec),
+            state=JobState.PENDING.value,
+            created_at_s=at_s,
+            attempts=0,
+            log_dir=str(log_dir),
+            **master,
+        )
+        self.store.record_transition(self.job_id, None, JobState.PENDING, at_s, "created")
+
+    def transition(
+        self, prev: JobState, state: JobState, at_s: float, reason: str, **job_values: Any
+    ) -> None:
+        if state.is_terminal:
+            job_values.setdefault("ended_at_s", at_s)
+        self.store.record_transition(self.job_id, prev, state, at_s, reason, **job_values)
+
+    def attempt_started(self, number: int, at_s: float, addr: str, port: int) -> None:
+        self.store.insert(
+            attempts,
+            job_id=self.job_id,
+            number=number,
+            started_at_s=at_s,
+            master_addr=addr,
+            master_port=port,
+        )
+        self.store.update_job(self.job_id, attempts=number + 1)
+
+    def attempt_ended(self, number: int, at_s: float, outcome: str, reason: str) -> None:
+        self.store.end_attempt(self.job_id, number, ended_at_s=at_s, outcome=outcome, reason=reason)
+
+    def run_started(
+        self,
+        *,
+        attempt: int,
+        replica: str,
+        rank: int,
+        restart: int,
+        pid: int | None,
+        log_path: Path,
+        at_s: float,
+    ) -> int:
+        return self.store.insert(
+            replica_runs,
+            job_id=self.job_id,
+            attempt=attempt,
+            replica=replica,
+            rank=rank,
+            restart=restart,
+            pid=pid,
+            node=NODE,
+            state=ReplicaState.RUNNING.value,
+            started_at_s=at_s,
+            log_path=str(log_path),
+        )
+
+    def run_ended(self, run_id: int, at_s: float, c: Classification, state: ReplicaState) -> None:
+        self.store.update_row(
+            replica_runs,
+            run_id,
+            state=state.value,
+            exit_code=c.exit_code,
+            signal=c.signal,
+            failure_class=c.failure_class.value if c.failure_class else None,
+            rule=c.rule,
+            message=c.message or None,
+            stop_requested=c.kind == "stop_requested",
+            ended_at_s=at_s,
+        )
+
+    def restart(self, **values: Any) -> int:
+        return self.store.insert(restart_records, job_id=self.job_id, node=NODE, **values)
+
+    def restart_phases(self, record_id: int, **phases_ms: float) -> None:
+        self.store.update_row(restart_records, record_id, **phases_ms)

@@ -1,0 +1,80 @@
+"""Runs one job in this process: the embedded master of `trainguard run` (R-RUN-1)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import TextIO
+
+from trainguard.backends.local import LocalBackend
+from trainguard.liveness import master_identity, reap_interrupted
+from trainguard.master import Master, Outcome
+from trainguard.recorder import Recorder
+from trainguard.spec import JobSpec
+from trainguard.store import Store
+
+
+def new_job_id() -> str:
+    return f"tg-{time.strftime('%Y%m%d')}-{secrets.token_hex(3)}"
+
+
+def _say_to(stream: TextIO) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        try:
+            stream.write(f"trainguard: {msg}\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    return say
+
+
+def run_job(
+    spec: JobSpec,
+    store: Store,
+    *,
+    tee: TextIO | None = sys.stdout,
+    status: TextIO = sys.stderr,
+    cwd: str | None = None,
+) -> tuple[str, Outcome]:
+    """Create the job, supervise it to a terminal state, and return its outcome."""
+    reap_interrupted(store)
+    job_id = new_job_id()
+    log_dir = store.home / "jobs" / job_id
+    recorder = Recorder(store, job_id)
+    recorder.job_created(
+        name=spec.name, spec=spec, log_dir=log_dir, at_s=time.time(), master=master_identity()
+    )
+    say = _say_to(status)
+    say(f"job {job_id} ({spec.name}): {spec.world_size} replica(s), logs in {log_dir}")
+    master = Master(
+        job_id=job_id,
+        spec=spec,
+        backend=LocalBackend(tee=tee),
+        recorder=recorder,
+        log_dir=log_dir,
+        cwd=cwd or os.getcwd(),
+        say=say,
+    )
+    return job_id, asyncio.run(_supervise(master))
+
+
+async def _supervise(master: Master) -> Outcome:
+    loop = asyncio.get_running_loop()
+    for sig, why in ((signal.SIGINT, "Ctrl+C"), (signal.SIGTERM, "SIGTERM to the master")):
+        loop.add_signal_handler(sig, master.cancel, f"cancelled ({why})")
+    try:
+        return await master.run()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def log_dir_of(store: Store, job_id: str) -> Path:
+    return store.home / "jobs" / job_id

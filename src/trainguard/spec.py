@@ -1,0 +1,240 @@
+"""The job spec: validated value objects (R-JOB-1, R-POL-1..4).
+
+Every field has the meaning and default of its AIMaster / Vertex counterpart. A bad
+value raises `SpecError` with one line per problem naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from trainguard.errors import SpecError
+
+UNLIMITED: Literal["unlimited"] = "unlimited"
+"""The explicit spelling of "no limit" for a budget; -1 on input means the same."""
+
+
+def _limit(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("unlimited", "-1", "inf"):
+            return UNLIMITED
+        if text.isdigit():
+            return int(text)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value == -1:
+            return UNLIMITED
+        if value >= 0:
+            return value
+    raise ValueError(f"must be a whole number >= 0, or 'unlimited' (or -1), got {value!r}")
+
+
+Limit = Annotated[int | Literal["unlimited"], BeforeValidator(_limit)]
+
+
+def limit_allows(limit: int | Literal["unlimited"], used: int) -> bool:
+    """True if a budget with `limit` that has `used` charges can take one more."""
+    return limit == UNLIMITED or used < limit
+
+
+def _case_insensitive(enum: type[StrEnum]) -> Any:
+    def convert(value: Any) -> Any:
+        if isinstance(value, str):
+            for member in enum:
+                if member.value.lower() == value.strip().lower():
+                    return member
+        return value
+
+    return BeforeValidator(convert)
+
+
+class ExecutionMode(StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class FaultTolerantPolicy(StrEnum):
+    ON_FAILURE = "OnFailure"
+    EXIT_CODE_AND_ERROR_MSG = "ExitCodeAndErrorMsg"
+    NEVER = "Never"
+
+
+class SuccessPolicy(StrEnum):
+    CHIEF = "chief"
+    ALL = "all"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|[kmgt]b?|)$")
+
+
+class Resources(_Model):
+    cpus: float | None = Field(default=None, gt=0)
+    gpus: int = Field(default=0, ge=0)
+    memory: str | None = None
+
+    @model_validator(mode="after")
+    def _check_memory(self) -> Resources:
+        if self.memory is not None and not _MEMORY.match(self.memory):
+            raise ValueError(f"memory: must be a size such as 4Gi or 512M, got {self.memory!r}")
+        return self
+
+
+_ROLE = r"^[a-z][a-z0-9_-]{0,31}$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class WorkerPool(_Model):
+    role: str = Field(default="worker", pattern=_ROLE)
+    replicas: int = Field(default=1, ge=1, le=4096)
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+
+    @model_validator(mode="after")
+    def _check_command(self) -> WorkerPool:
+        if not self.command[0].strip():
+            raise ValueError("command[0]: must name a program, got ''")
+        return self
+
+
+class FaultTolerance(_Model):
+    execution_mode: Annotated[ExecutionMode, _case_insensitive(ExecutionMode)] = (
+        ExecutionMode.SYNC
+    )
+    fault_tolerant_policy: Annotated[
+        FaultTolerantPolicy, _case_insensitive(FaultTolerantPolicy)
+    ] = FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
+    # AIMaster defaults this to False; trainguard restarts by default (the issue asks it).
+    enable_job_restart: bool = True
+    max_num_of_job_restart: Limit = 3
+    max_replica_restarts: Limit = 5
+    max_num_of_same_error: Limit = 10
+    max_tolerated_failure_rate: float | None = Field(default=None, gt=0, le=1)
+    max_transient_restarts: Limit = 3
+    max_capacity_restarts: Limit = 3
+    max_internal_restarts: Limit = 2
+    stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
+    enable_job_hang_detection: bool = False
+    job_hang_interval: int = Field(default=1800, gt=0)
+    enable_job_exit_hang_detection: bool = False
+    job_exit_hang_interval: int = Field(default=600, gt=0)
+    enable_c4d_hang_detection: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rate_off(cls, data: Any) -> Any:
+        # AIMaster spells "off" as -1.
+        if isinstance(data, dict) and data.get("max_tolerated_failure_rate") in (-1, "-1"):
+            data = {**data, "max_tolerated_failure_rate": None}
+        return data
+
+
+class JobSpec(_Model):
+    name: str = Field(pattern=_NAME)
+    framework: Literal["pytorch", "generic"] = "pytorch"
+    worker_pools: list[WorkerPool] = Field(min_length=1)
+    success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = (
+        SuccessPolicy.CHIEF
+    )
+    fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
+
+    @model_validator(mode="after")
+    def _unique_roles(self) -> JobSpec:
+        roles = [p.role for p in self.worker_pools]
+        dup = sorted({r for r in roles if roles.count(r) > 1})
+        if dup:
+            raise ValueError(f"worker_pools: role names must be unique, got {dup[0]!r} twice")
+        if roles.count("chief") and next(p for p in self.worker_pools if p.role == "chief").replicas != 1:
+            raise ValueError("worker_pools: the chief pool must have exactly 1 replica")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return sum(p.replicas for p in self.worker_pools)
+
+
+# ---------------------------------------------------------------- errors -> lines
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "literal[", "int", "constrained")):
+            continue  # pydantic's union-branch labels say nothing to a user
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _describe(err: Any) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    loc = _loc(err["loc"])
+    got = err.get("input")
+    if kind == "missing":
+        return f"{loc}: is required"
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown field"
+    if kind == "value_error":
+        msg = str(ctx.get("error", err["msg"]))
+        # Our own validators already name field and value ("memory: must be ...").
+        return f"{loc}.{msg}" if loc and ":" in msg.split(" ")[0] else f"{loc}: {msg}".lstrip(": ")
+    text = {
+        "greater_than_equal": "must be >= {ge}",
+        "greater_than": "must be > {gt}",
+        "less_than_equal": "must be <= {le}",
+        "less_than": "must be < {lt}",
+        "too_short": "must have at least {min_length} item(s)",
+        "string_pattern_mismatch": "must match {pattern}",
+        "literal_error": "must be one of {expected}",
+        "enum": "must be one of {expected}",
+    }.get(kind)
+    msg = text.format(**ctx) if text else err["msg"][0].lower() + err["msg"][1:]
+    return f"{loc}: {msg}, got {got!r}"
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    seen: list[str] = []
+    for err in exc.errors():
+        line = _describe(err)
+        if line not in seen:
+            seen.append(line)
+    return seen
+
+
+def validate_spec(data: Any) -> JobSpec:
+    """Build a JobSpec from plain data, or raise SpecError naming every problem."""
+    if not isinstance(data, dict):
+        raise SpecError([f"job spec: must be a mapping, got {type(data).__name__}"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_problems(exc)) from None
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """Read a YAML (or JSON) job spec into plain data; errors name the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read the job spec ({exc.strerror})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError([f"{path}: not valid YAML{where}"]) from None
+    if not isinstance(data, dict):
+        raise SpecError([f"{path}: a job spec must be a mapping, got {type(data).__name__}"])
+    return data

@@ -1,0 +1,288 @@
+"""The durable record (R-REC-1, R-RUN-1): SQLAlchemy Core over SQLite (WAL) by default.
+
+A job row is separate from its attempts, attempts from their replicas' runs. Times are
+seconds since the epoch and say so in their names; a null end time means still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import SQLAlchemyError
+
+from trainguard.errors import JobNotFound, StoreError
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(128), nullable=False, index=True),
+    Column("spec_json", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at_s", Float, nullable=False),
+    Column("ended_at_s", Float),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("error_code", String(32)),
+    Column("error_message", Text),
+    Column("master_pid", Integer),
+    Column("master_host", String(255)),
+    Column("master_started_ticks", Integer),  # /proc start time: tells a reused pid apart
+    Column("log_dir", Text, nullable=False),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("job_id", ForeignKey("jobs.id"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("started_at_s", Float, nullable=False),
+    Column("ended_at_s", Float),
+    Column("master_addr", String(255)),
+    Column("master_port", Integer),
+    Column("outcome", String(32)),
+    Column("reason", Text),
+)
+
+replica_runs = Table(
+    "replica_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("replica", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("restart", Integer, nullable=False, default=0),  # replica restarts within the attempt
+    Column("pid", Integer),
+    Column("node", String(255)),
+    Column("state", String(16), nullable=False),
+    Column("exit_code", Integer),
+    Column("signal", String(16)),
+    Column("failure_class", String(32)),
+    Column("rule", String(64)),
+    Column("message", Text),
+    Column("stop_requested", Boolean, nullable=False, default=False),
+    Column("started_at_s", Float, nullable=False),
+    Column("ended_at_s", Float),
+    Column("log_path", Text),
+)
+
+transitions = Table(
+    "transitions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("from_state", String(16)),
+    Column("to_state", String(16), nullable=False),
+    Column("at_s", Float, nullable=False),
+    Column("reason", Text),
+)
+
+restart_records = Table(
+    "restart_records",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("round", Integer, nullable=False),
+    Column("at_s", Float, nullable=False),
+    Column("node", String(255)),
+    Column("replica", String(64)),
+    Column("error_code", String(32)),
+    Column("error_message", Text),
+    Column("error_source", String(32)),
+    Column("failure_class", String(32)),
+    Column("rule", String(64)),
+    Column("decision", Text),
+    Column("detect_ms", Float),
+    Column("stop_ms", Float),
+    Column("schedule_ms", Float),
+    Column("start_ms", Float),
+    Column("first_output_ms", Float),
+)
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("TRAINGUARD_HOME", ".trainguard")).resolve()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Store:
+    """Rows in, rows out. Every method is one short transaction."""
+
+    def __init__(self, home: Path | None = None, url: str | None = None) -> None:
+        self.home = home or default_home()
+        try:
+            if url is None:
+                self.home.mkdir(parents=True, exist_ok=True)
+                url = f"sqlite:///{self.home / 'trainguard.db'}"
+            self.engine: Engine = create_engine(url)
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            metadata.create_all(self.engine)
+        except (OSError, SQLAlchemyError) as exc:
+            raise StoreError(f"cannot open the trainguard store at {url or self.home}: {exc}") from None
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"trainguard store error: {exc.__class__.__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -------------------------------------------------------------- writes
+
+    def insert(self, table: Table, **values: Any) -> int:
+        with self._tx() as conn:
+            res = conn.execute(insert(table).values(**values))
+            key = res.inserted_primary_key
+            return int(key[0]) if key and isinstance(key[0], int) else 0
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+    def update_row(self, table: Table, row_id: int, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(update(table).where(table.c.id == row_id).values(**values))
+
+    def end_attempt(self, job_id: str, number: int, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(attempts)
+                .where(attempts.c.job_id == job_id, attempts.c.number == number)
+                .values(**values)
+            )
+
+    def record_transition(
+        self, job_id: str, prev: str | None, state: str, at_s: float, reason: str | None,
+        **job_values: Any,
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=state, **job_values))
+            conn.execute(
+                insert(transitions).values(
+                    job_id=job_id, from_state=prev, to_state=state, at_s=at_s, reason=reason
+                )
+            )
+
+    def set_state_if(self, job_id: str, expected: str, state: str, at_s: float, **values: Any) -> bool:
+        """Move a job from `expected` to `state` unless someone else moved it first."""
+        with self._tx() as conn:
+            res = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == expected)
+                .values(state=state, **values)
+            )
+            if res.rowcount != 1:
+                return False
+            conn.execute(
+                insert(transitions).values(
+                    job_id=job_id, from_state=expected, to_state=state, at_s=at_s,
+                    reason=values.get("error_message"),
+                )
+            )
+            return True
+
+    def close_open_rows(self, job_id: str, at_s: float, outcome: str) -> None:
+        """End the attempts and runs of a job whose master vanished mid-way."""
+        with self._tx() as conn:
+            conn.execute(
+                update(attempts)
+                .where(attempts.c.job_id == job_id, attempts.c.ended_at_s.is_(None))
+                .values(ended_at_s=at_s, outcome=outcome)
+            )
+            conn.execute(
+                update(replica_runs)
+                .where(replica_runs.c.job_id == job_id, replica_runs.c.ended_at_s.is_(None))
+                .values(ended_at_s=at_s, state="STOPPED", message=f"master lost ({outcome})")
+            )
+
+    # -------------------------------------------------------------- reads
+
+    def _rows(self, stmt: Any) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def list_jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self._rows(select(jobs).order_by(jobs.c.created_at_s.desc()).limit(limit))
+
+    def live_jobs(self) -> list[dict[str, Any]]:
+        from trainguard.states import JobState
+
+        live = [s.value for s in JobState if not s.is_terminal]
+        return self._rows(select(jobs).where(jobs.c.state.in_(live)))
+
+    def resolve_job(self, ref: str) -> dict[str, Any]:
+        """A job by id, or by name (the most recent job of that name)."""
+        rows = self._rows(select(jobs).where(jobs.c.id == ref))
+        if not rows:
+            rows = self._rows(
+                select(jobs).where(jobs.c.name == ref).order_by(jobs.c.created_at_s.desc()).limit(1)
+            )
+        if not rows:
+            raise JobNotFound(f"no job with id or name {ref!r} in {self.home}")
+        return rows[0]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.resolve_job(job_id)
+
+    def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number))
+
+    def runs_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        stmt = select(replica_runs).where(replica_runs.c.job_id == job_id)
+        if attempt is not None:
+            stmt = stmt.where(replica_runs.c.attempt == attempt)
+        return self._rows(stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id))
+
+    def transitions_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(transitions).where(transitions.c.job_id == job_id).order_by(transitions.c.id)
+        )
+
+    def restarts_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(restart_records)
+            .where(restart_records.c.job_id == job_id)
+            .order_by(restart_records.c.id)
+        )
+
+
+def spec_json(spec: Any) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
