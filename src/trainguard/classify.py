@@ -89,7 +89,10 @@ def last_exception(lines: tuple[str, ...]) -> str | None:
 
 
 def _nonzero_message(replica: str, code: int, reason: str) -> str:
-    return f"The replica {replica} exited with a non-zero status of {code}. Termination reason: {reason}."
+    return (
+        f"The replica {replica} exited with a non-zero status of {code}. "
+        f"Termination reason: {reason}."
+    )
 
 
 def classify_exit(ev: ExitEvidence) -> Classification:
@@ -125,7 +128,8 @@ def classify_exit(ev: ExitEvidence) -> Classification:
             code,
             sig_name,
             "OOMKilled",
-            f"The replica {ev.replica} ran out of memory and exited with a non-zero status of {code}.",
+            f"The replica {ev.replica} ran out of memory and exited with a non-zero status "
+            f"of {code}.",
         )
     if sig is not None and sig in TRANSIENT_SIGNALS:
         return Classification(

@@ -285,9 +285,9 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
         print(f"job {job['id']}: its master is gone; marked {JobState.INTERRUPTED.value}")
         return 0
     os.kill(int(job["master_pid"]), signal.SIGTERM)
-    deadline = time.time() + json.loads(job["spec_json"])["fault_tolerance"][
-        "stop_grace_period_s"
-    ] + 30
+    deadline = (
+        time.time() + json.loads(job["spec_json"])["fault_tolerance"]["stop_grace_period_s"] + 30
+    )
     while time.time() < deadline:
         state = JobState(store.job(job["id"])["state"])
         if state.is_terminal:

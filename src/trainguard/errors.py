@@ -1,9 +1,9 @@
 """The exceptions trainguard raises on purpose.
 
-    TrainguardError            anything the CLI turns into one clear line, never a traceback
-    ├── SpecError              a job spec or flag is invalid (one problem per line; exit 2)
-    ├── JobNotFound            a job id or name matches no job (or several)
-    └── StoreError             the state database cannot be opened or written
+TrainguardError            anything the CLI turns into one clear line, never a traceback
+├── SpecError              a job spec or flag is invalid (one problem per line; exit 2)
+├── JobNotFound            a job id or name matches no job (or several)
+└── StoreError             the state database cannot be opened or written
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ backend. `step(event)` is one turn of the loop, so tests can drive it event by e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import traceback
@@ -33,8 +34,8 @@ from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, repli
 from trainguard.policy import (
     Budgets,
     Decision,
-    Failure,
     FailJob,
+    Failure,
     Ignore,
     RestartJob,
     RestartReplica,
@@ -121,6 +122,7 @@ class Master:
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
         self._pending: _PendingRestart | None = None
         self._cancel_count = 0
+        self._background: set[asyncio.Future[None]] = set()
 
     # -------------------------------------------------------------- the loop
 
@@ -134,12 +136,18 @@ class Master:
             self.post(CancelRequested(reason))
         else:
             live = [n for n, r in self.replicas.items() if not r.state.is_terminal]
-            asyncio.ensure_future(self.backend.stop(live, grace_s=0))
+            task = asyncio.ensure_future(self.backend.stop(live, grace_s=0))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def begin(self) -> None:
+        """Bind to the backend and start the first attempt (what `run` does first)."""
+        self.backend.bind(self.post)
+        await self._start_attempt()
 
     async def run(self) -> Outcome:
-        self.backend.bind(self.post)
         try:
-            await self._start_attempt()
+            await self.begin()
             while not self.state.is_terminal:
                 await self.step(await self._queue.get())
         except Exception as exc:  # a fault of trainguard itself, not of the job
@@ -217,8 +225,10 @@ class Master:
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
-        log_path = self.log_dir / f"attempt-{ev.attempt}" / (
-            f"{ev.replica}.r{ev.restart}.log" if ev.restart else f"{ev.replica}.log"
+        log_path = (
+            self.log_dir
+            / f"attempt-{ev.attempt}"
+            / (f"{ev.replica}.r{ev.restart}.log" if ev.restart else f"{ev.replica}.log")
         )
         run_id = self.rec.run_started(
             attempt=ev.attempt,
@@ -405,10 +415,8 @@ class Master:
         except OSError:
             pass
         self.say(f"internal error: {exc!r} (details in {self.log_dir / 'master-error.log'})")
-        try:
+        with contextlib.suppress(Exception):  # already failing; close() is the last resort
             await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
-        except Exception:  # noqa: BLE001 - already failing; close() is the last resort
-            pass
         self.outcome.error_code, self.outcome.error_message = "INTERNAL", INTERNAL_ERROR_MESSAGE
         if not self.state.is_terminal:
             try:
@@ -418,7 +426,7 @@ class Master:
                     error_code="INTERNAL",
                     error_message=INTERNAL_ERROR_MESSAGE,
                 )
-            except Exception:  # noqa: BLE001 - the store itself may be what failed
+            except Exception:
                 self.state = self.outcome.state = JobState.FAILED
 
 

@@ -24,7 +24,10 @@ def _candidates() -> list[Path]:
         if controllers == "":  # v2 unified hierarchy
             out += [_ROOT / rel / "memory.events", _ROOT / "memory.events"]
         elif "memory" in controllers.split(","):
-            out += [_ROOT / "memory" / rel / "memory.oom_control", _ROOT / "memory/memory.oom_control"]
+            out += [
+                _ROOT / "memory" / rel / "memory.oom_control",
+                _ROOT / "memory/memory.oom_control",
+            ]
     return out
 
 

@@ -158,7 +158,9 @@ def _job_restart(
         return _fail(failure, f"{why}; but enable_job_restart is False")
     limit = ft.max_num_of_job_restart
     if not limit_allows(limit, b.job_restarts):
-        return _fail(failure, f"{why}; but the job restart budget is spent ({b.job_restarts}/{limit})")
+        return _fail(
+            failure, f"{why}; but the job restart budget is spent ({b.job_restarts}/{limit})"
+        )
     charge = Charge("job_restarts", b.job_restarts + 1, limit)
     return RestartJob(why, (*extra, charge))
 
@@ -185,7 +187,8 @@ def decide_failure(ft: FaultTolerance, b: Budgets, failure: Failure) -> Decision
         if limit_allows(ft.max_replica_restarts, used):
             charge = Charge(key, used + 1, ft.max_replica_restarts)
             return RestartReplica(failure.replica, why, (*extra, charge))
-        why = f"{why}; {failure.replica} spent its {ft.max_replica_restarts} restarts, so the job restarts"
+        spent = ft.max_replica_restarts
+        why = f"{why}; {failure.replica} spent its {spent} restarts, so the job restarts"
     return _job_restart(ft, b, failure, why, extra)
 
 

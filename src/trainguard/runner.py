@@ -8,8 +8,8 @@ import secrets
 import signal
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from trainguard.backends.local import LocalBackend

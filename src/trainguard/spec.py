@@ -108,9 +108,7 @@ class WorkerPool(_Model):
 
 
 class FaultTolerance(_Model):
-    execution_mode: Annotated[ExecutionMode, _case_insensitive(ExecutionMode)] = (
-        ExecutionMode.SYNC
-    )
+    execution_mode: Annotated[ExecutionMode, _case_insensitive(ExecutionMode)] = ExecutionMode.SYNC
     fault_tolerant_policy: Annotated[
         FaultTolerantPolicy, _case_insensitive(FaultTolerantPolicy)
     ] = FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
@@ -143,9 +141,7 @@ class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
     framework: Literal["pytorch", "generic"] = "pytorch"
     worker_pools: list[WorkerPool] = Field(min_length=1)
-    success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = (
-        SuccessPolicy.CHIEF
-    )
+    success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
 
     @model_validator(mode="after")
@@ -154,7 +150,10 @@ class JobSpec(_Model):
         dup = sorted({r for r in roles if roles.count(r) > 1})
         if dup:
             raise ValueError(f"worker_pools: role names must be unique, got {dup[0]!r} twice")
-        if roles.count("chief") and next(p for p in self.worker_pools if p.role == "chief").replicas != 1:
+        if (
+            roles.count("chief")
+            and next(p for p in self.worker_pools if p.role == "chief").replicas != 1
+        ):
             raise ValueError("worker_pools: the chief pool must have exactly 1 replica")
         return self
 

@@ -152,7 +152,9 @@ class Store:
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             metadata.create_all(self.engine)
         except (OSError, SQLAlchemyError) as exc:
-            raise StoreError(f"cannot open the trainguard store at {url or self.home}: {exc}") from None
+            raise StoreError(
+                f"cannot open the trainguard store at {url or self.home}: {exc}"
+            ) from None
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -190,7 +192,12 @@ class Store:
             )
 
     def record_transition(
-        self, job_id: str, prev: str | None, state: str, at_s: float, reason: str | None,
+        self,
+        job_id: str,
+        prev: str | None,
+        state: str,
+        at_s: float,
+        reason: str | None,
         **job_values: Any,
     ) -> None:
         with self._tx() as conn:
@@ -201,7 +208,9 @@ class Store:
                 )
             )
 
-    def set_state_if(self, job_id: str, expected: str, state: str, at_s: float, **values: Any) -> bool:
+    def set_state_if(
+        self, job_id: str, expected: str, state: str, at_s: float, **values: Any
+    ) -> bool:
         """Move a job from `expected` to `state` unless someone else moved it first."""
         with self._tx() as conn:
             res = conn.execute(
@@ -213,7 +222,10 @@ class Store:
                 return False
             conn.execute(
                 insert(transitions).values(
-                    job_id=job_id, from_state=expected, to_state=state, at_s=at_s,
+                    job_id=job_id,
+                    from_state=expected,
+                    to_state=state,
+                    at_s=at_s,
                     reason=values.get("error_message"),
                 )
             )
@@ -263,13 +275,17 @@ class Store:
         return self.resolve_job(job_id)
 
     def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number))
+        return self._rows(
+            select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
+        )
 
     def runs_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
         stmt = select(replica_runs).where(replica_runs.c.job_id == job_id)
         if attempt is not None:
             stmt = stmt.where(replica_runs.c.attempt == attempt)
-        return self._rows(stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id))
+        return self._rows(
+            stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id)
+        )
 
     def transitions_of(self, job_id: str) -> list[dict[str, Any]]:
         return self._rows(

@@ -8,6 +8,7 @@ but that reaches only the direct child; the guardian reaches the whole group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -61,10 +62,8 @@ class Guardian:
 
     def close(self) -> None:
         if self._proc.stdin and not self._proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self._proc.stdin.close()
-            except OSError:
-                pass
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -140,7 +140,9 @@ class LocalBackend:
         self._runs[launch.replica] = run
         assert self._guardian is not None
         self._guardian.watch(run.pid)
-        self._emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, run.pid, time.time()))
+        self._emit(
+            ReplicaStarted(launch.attempt, launch.replica, launch.restart, run.pid, time.time())
+        )
         task = asyncio.create_task(self._watch(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -165,7 +167,9 @@ class LocalBackend:
         if not run.first_output:
             run.first_output = True
             launch = run.launch
-            self._emit(ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time()))
+            self._emit(
+                ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time())
+            )
         lines = (run.partial + data).split(b"\n")
         run.partial = lines.pop()
         if len(run.partial) > MAX_LINE:
@@ -222,7 +226,9 @@ class LocalBackend:
             oom_kills=max(0, oom_kill_count() - run.oom_before),
         )
         run.done.set()
-        self._emit(ReplicaExited(launch.attempt, launch.replica, launch.restart, run.pid, ev, seen_s))
+        self._emit(
+            ReplicaExited(launch.attempt, launch.replica, launch.restart, run.pid, ev, seen_s)
+        )
 
     @staticmethod
     def _killpg(run: _Run, sig: int) -> None:
