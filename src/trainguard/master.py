@@ -154,6 +154,7 @@ class Master:
             await self._internal_error(exc)
         finally:
             await self.backend.close()
+            await self._settle()
         return self.outcome
 
     async def step(self, event: MasterEvent) -> None:
@@ -265,7 +266,19 @@ class Master:
 
     # -------------------------------------------------------------- exits
 
-    async def _on_exit(self, ev: ReplicaExited) -> None:
+    async def _settle(self) -> None:
+        """Record the exits a stop produced before the job moves on; they decide nothing."""
+        keep: list[MasterEvent] = []
+        while not self._queue.empty():
+            ev = self._queue.get_nowait()
+            if isinstance(ev, ReplicaExited):
+                await self._on_exit(ev, decide=False)
+            else:
+                keep.append(ev)
+        for ev in keep:
+            self._queue.put_nowait(ev)
+
+    async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         c = classify_exit(ev.evidence)
         rep = self._current(ev.attempt, ev.replica, ev.restart)
         state = {
@@ -281,7 +294,7 @@ class Master:
             return  # an exit of an earlier attempt or run, already dealt with
         rep.state = state
         rep.run_id = None
-        if c.kind is ExitKind.STOP_REQUESTED:
+        if c.kind is ExitKind.STOP_REQUESTED or not decide:
             return
         if self.state not in (JobState.PENDING, JobState.RUNNING):
             return  # already restarting, cancelling or finished: this exit is a consequence
@@ -351,6 +364,7 @@ class Master:
         error_message: str | None = None,
     ) -> None:
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
         self.rec.attempt_ended(self.attempt, self.clock(), state.value, reason)
         self.outcome.error_code, self.outcome.error_message = error_code, error_message
         self._transition(state, reason, error_code=error_code, error_message=error_message)
@@ -378,6 +392,7 @@ class Master:
         self._transition(JobState.RESTARTING, describe(decision))
         t0 = self.clock()
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
         t1 = self.clock()
         self.rec.attempt_ended(self.attempt, t1, "restarted", failure.classification.message)
         self._pending = _PendingRestart(record_id, t1)
@@ -403,6 +418,7 @@ class Master:
             return
         self._transition(JobState.CANCELLING, ev.reason)
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
         self.rec.attempt_ended(self.attempt, self.clock(), "cancelled", ev.reason)
         self._transition(JobState.CANCELLED, "every replica stopped")
 

@@ -6,6 +6,7 @@ seconds since the epoch and say so in their names; a null end time means still r
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -150,7 +151,12 @@ class Store:
             self.engine: Engine = create_engine(url)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
-            metadata.create_all(self.engine)
+                # Two commands opening a new store at once must not both create tables.
+                with open(self.home / "trainguard.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    metadata.create_all(self.engine)
+            else:
+                metadata.create_all(self.engine)
         except (OSError, SQLAlchemyError) as exc:
             raise StoreError(
                 f"cannot open the trainguard store at {url or self.home}: {exc}"

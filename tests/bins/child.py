@@ -1,0 +1,54 @@
+"""A tiny replica for tests: does what its arguments say, rank by rank.
+
+    child.py ACTION...      ACTION = WHO:VERB[:ARG]
+    WHO   *  every rank | N  rank N | N@A  rank N on attempt A only | *@A
+    VERB  print:TEXT  sleep:SECONDS  exit:CODE  signal:NAME  raise:EXCEPTION
+          pidfile:PATH (write own pid to PATH.<rank>)  forever (sleep until killed)
+          spawn-child (start a grandchild in the same group that sleeps forever)
+
+Actions run in order; a replica that runs out of actions exits 0.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+rank = int(os.environ.get("RANK", "0"))
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def applies(who: str) -> bool:
+    r, _, a = who.partition("@")
+    return (r == "*" or int(r) == rank) and (not a or int(a) == attempt)
+
+
+for action in sys.argv[1:]:
+    who, verb, *rest = action.split(":", 2)
+    arg = rest[0] if rest else ""
+    if not applies(who):
+        continue
+    if verb == "print":
+        print(arg.replace("{rank}", str(rank)).replace("{attempt}", str(attempt)), flush=True)
+    elif verb == "sleep":
+        time.sleep(float(arg))
+    elif verb == "forever":
+        while True:
+            time.sleep(3600)
+    elif verb == "exit":
+        sys.exit(int(arg))
+    elif verb == "signal":
+        os.kill(os.getpid(), signal.Signals["SIG" + arg.upper().removeprefix("SIG")])
+        time.sleep(5)
+    elif verb == "raise":
+        raise {"KeyError": KeyError, "ValueError": ValueError}[arg]("boom")
+    elif verb == "pidfile":
+        with open(f"{arg}.{rank}", "w") as fh:
+            fh.write(str(os.getpid()))
+    elif verb == "spawn-child":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        with open(f"{arg}.{rank}.child", "w") as fh:
+            fh.write(str(child.pid))
+    else:
+        sys.exit(f"child.py: unknown verb {verb!r}")

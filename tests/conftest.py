@@ -1,0 +1,90 @@
+"""Shared helpers: run the real CLI in a child process against a private state home."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = str(ROOT / "tests" / "bins" / "child.py")
+
+
+class TG:
+    """The `trainguard` CLI bound to one TRAINGUARD_HOME."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {**os.environ, "TRAINGUARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "trainguard", *args]
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """Start the CLI in its own session, so signals sent to it reach it alone."""
+        return subprocess.Popen(
+            self.argv(*args),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def json(self, *args: str) -> Any:
+        res = self(*args, "--json")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def only_job(self) -> dict[str, Any]:
+        jobs = self.json("jobs")
+        assert len(jobs) == 1, jobs
+        return self.json("status", jobs[0]["id"])
+
+
+@pytest.fixture
+def tg(tmp_path: Path) -> TG:
+    return TG(tmp_path / "home")
+
+
+def child(*actions: str) -> list[str]:
+    return [sys.executable, CHILD, *actions]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """True if pid is a live (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text else None

@@ -1,0 +1,412 @@
+"""Table tests for signal spellings and exit classification (R-CLS-1, R-CLS-2): no processes."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from trainguard.classify import (
+    Classification,
+    ExitEvidence,
+    ExitKind,
+    FailureClass,
+    classify_exit,
+    last_exception,
+)
+from trainguard.signals import decode_returncode, parse_signal, signal_name
+
+REPLICA = "worker-1"
+
+TRACEBACK_KEYERROR = (
+    "step 10 loss 0.5",
+    "Traceback (most recent call last):",
+    '  File "/app/train.py", line 12, in <module>',
+    "    main()",
+    '  File "/app/train.py", line 8, in main',
+    "    batch = cfg['x']",
+    "            ~~~^^^^^",
+    "KeyError: 'x'",
+)
+
+
+def _classify(returncode: int | None, **kw: Any) -> Classification:
+    return classify_exit(ExitEvidence(REPLICA, returncode, **kw))
+
+
+# ---------------------------------------------------------------- signals.py
+
+
+@pytest.mark.parametrize(
+    ("returncode", "expected"),
+    [
+        (-6, (134, signal.SIGABRT)),
+        (134, (134, signal.SIGABRT)),
+        (-11, (139, signal.SIGSEGV)),
+        (139, (139, signal.SIGSEGV)),
+        (-9, (137, signal.SIGKILL)),
+        (137, (137, signal.SIGKILL)),
+        (-15, (143, signal.SIGTERM)),
+        (143, (143, signal.SIGTERM)),
+        (-7, (135, signal.SIGBUS)),
+        (135, (135, signal.SIGBUS)),
+        (-2, (130, signal.SIGINT)),
+        # Plain exit statuses: not signals.
+        (0, (0, None)),
+        (1, (1, None)),
+        (2, (2, None)),
+        (128, (128, None)),
+        (255, (255, None)),
+    ],
+)
+def test_decode_returncode(returncode: int, expected: tuple[int, int | None]) -> None:
+    assert decode_returncode(returncode) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (-6, signal.SIGABRT),
+        (134, signal.SIGABRT),
+        ("SIGABRT", signal.SIGABRT),
+        ("abrt", signal.SIGABRT),
+        ("ABRT", signal.SIGABRT),
+        (6, signal.SIGABRT),
+        ("6", signal.SIGABRT),
+        ("-6", signal.SIGABRT),
+        ("134", signal.SIGABRT),
+        (-11, signal.SIGSEGV),
+        (139, signal.SIGSEGV),
+        ("SIGSEGV", signal.SIGSEGV),
+        ("segv", signal.SIGSEGV),
+        ("sigsegv", signal.SIGSEGV),
+        (" SIGSEGV ", signal.SIGSEGV),
+        (11, signal.SIGSEGV),
+        ("11", signal.SIGSEGV),
+        (-9, signal.SIGKILL),
+        (137, signal.SIGKILL),
+        ("SIGKILL", signal.SIGKILL),
+        ("kill", signal.SIGKILL),
+        (9, signal.SIGKILL),
+        (-15, signal.SIGTERM),
+        (143, signal.SIGTERM),
+        ("SIGTERM", signal.SIGTERM),
+        ("term", signal.SIGTERM),
+        (15, signal.SIGTERM),
+        (-7, signal.SIGBUS),
+        (135, signal.SIGBUS),
+        ("SIGBUS", signal.SIGBUS),
+        ("bus", signal.SIGBUS),
+        (7, signal.SIGBUS),
+    ],
+)
+def test_parse_signal_spellings(value: str | int, expected: int) -> None:
+    assert parse_signal(value) == int(expected)
+
+
+@pytest.mark.parametrize("value", [0, 128, "0", "128", 200, "SIGNOPE", "nope", ""])
+def test_parse_signal_rejects(value: str | int) -> None:
+    with pytest.raises(ValueError):
+        parse_signal(value)
+
+
+@pytest.mark.parametrize(
+    ("num", "name"),
+    [(6, "SIGABRT"), (7, "SIGBUS"), (9, "SIGKILL"), (11, "SIGSEGV"), (15, "SIGTERM")],
+)
+def test_signal_name(num: int, name: str) -> None:
+    assert signal_name(num) == name
+
+
+# ---------------------------------------------------------------- classify_exit
+
+
+def test_clean_exit() -> None:
+    c = _classify(0)
+    assert c.kind is ExitKind.CLEAN
+    assert c.failure_class is None
+    assert c.is_failure is False
+    assert c.retryable is False
+    assert c.exit_code == 0
+    assert c.signal is None
+    assert c.rule == "clean-exit"
+
+
+@pytest.mark.parametrize("returncode", [-15, 143, -9, 0, 1])
+def test_stop_requested_is_never_a_failure(returncode: int) -> None:
+    c = _classify(returncode, stop_requested=True)
+    assert c.kind is ExitKind.STOP_REQUESTED
+    assert c.failure_class is None
+    assert c.is_failure is False
+    assert c.retryable is False
+    assert c.rule == "stop-requested"
+
+
+def test_stop_requested_sigterm_keeps_its_code() -> None:
+    c = _classify(-15, stop_requested=True)
+    assert (c.exit_code, c.signal) == (143, "SIGTERM")
+
+
+@pytest.mark.parametrize(
+    ("returncode", "code", "sig"),
+    [
+        (-11, 139, "SIGSEGV"),
+        (139, 139, "SIGSEGV"),
+        (-6, 134, "SIGABRT"),
+        (134, 134, "SIGABRT"),
+    ],
+)
+def test_transient_signals(returncode: int, code: int, sig: str) -> None:
+    c = _classify(returncode, log_tail=TRACEBACK_KEYERROR)  # the signal decides, not the log
+    assert c.kind is ExitKind.SIGNAL
+    assert c.failure_class is FailureClass.TRANSIENT_EXIT
+    assert c.is_failure is True
+    assert c.retryable is True
+    assert c.exit_code == code
+    assert c.signal == sig
+    assert c.reason == sig
+    assert c.rule == f"transient-signal-{sig}"
+    assert c.message == (
+        f"The replica worker-1 exited with a non-zero status of {code}. Termination reason: {sig}."
+    )
+
+
+def test_sigsegv_message_exactly() -> None:
+    for rc in (-11, 139):
+        assert _classify(rc).message == (
+            "The replica worker-1 exited with a non-zero status of 139. "
+            "Termination reason: SIGSEGV."
+        )
+
+
+@pytest.mark.parametrize(
+    ("returncode", "code", "sig"),
+    [
+        (-9, 137, "SIGKILL"),
+        (137, 137, "SIGKILL"),
+        (-15, 143, "SIGTERM"),
+        (143, 143, "SIGTERM"),
+        (-2, 130, "SIGINT"),
+    ],
+)
+def test_external_kill_is_preemption(returncode: int, code: int, sig: str) -> None:
+    c = _classify(returncode)
+    assert c.kind is ExitKind.SIGNAL
+    assert c.failure_class is FailureClass.PREEMPTION
+    assert c.retryable is True
+    assert c.exit_code == code
+    assert c.signal == sig
+    assert c.rule == f"external-{sig}"
+    assert sig in c.message
+    assert c.message == (
+        f"The replica worker-1 exited with a non-zero status of {code}. "
+        f"Termination reason: {sig} (killed from outside trainguard)."
+    )
+
+
+@pytest.mark.parametrize("returncode", [-9, 137])
+def test_sigkill_with_oom_kill_is_host_oom(returncode: int) -> None:
+    c = _classify(returncode, oom_kills=1)
+    assert c.failure_class is FailureClass.HOST_OOM
+    assert c.retryable is True
+    assert c.rule == "host-oom-cgroup"
+    assert c.reason == "OOMKilled"
+    assert c.exit_code == 137
+    assert c.signal == "SIGKILL"
+    assert c.message == (
+        "The replica worker-1 ran out of memory and exited with a non-zero status of 137."
+    )
+
+
+def test_oom_kill_does_not_turn_sigterm_into_oom() -> None:
+    c = _classify(-15, oom_kills=2)
+    assert c.failure_class is FailureClass.PREEMPTION
+
+
+def test_exit_1_with_traceback_is_user_error() -> None:
+    c = _classify(1, log_tail=TRACEBACK_KEYERROR)
+    assert c.kind is ExitKind.NONZERO
+    assert c.failure_class is FailureClass.USER_ERROR
+    assert c.retryable is False
+    assert c.rule == "python-traceback"
+    assert c.reason == "KeyError: 'x'"
+    assert c.matched_line == "KeyError: 'x'"
+    assert c.exit_code == 1
+    assert c.signal is None
+    assert c.message == (
+        "The replica worker-1 exited with a non-zero status of 1. "
+        "Termination reason: KeyError: 'x'."
+    )
+
+
+@pytest.mark.parametrize("returncode", [1, 2, 128, 255])
+def test_nonzero_without_traceback_is_user_error(returncode: int) -> None:
+    c = _classify(returncode, log_tail=("loading data", "ValueError: not after a traceback"))
+    assert c.kind is ExitKind.NONZERO
+    assert c.failure_class is FailureClass.USER_ERROR
+    assert c.retryable is False
+    assert c.rule == "nonzero-exit"
+    assert c.reason == "Error"
+    assert c.matched_line is None
+    assert c.exit_code == returncode
+    assert c.signal is None
+    assert c.message == (
+        f"The replica worker-1 exited with a non-zero status of {returncode}. "
+        "Termination reason: Error."
+    )
+
+
+def test_spawn_error() -> None:
+    c = _classify(None, spawn_error="command not found: 'nope'")
+    assert c.kind is ExitKind.SPAWN_ERROR
+    assert c.failure_class is FailureClass.USER_ERROR
+    assert c.is_failure is True
+    assert c.retryable is False
+    assert c.rule == "spawn-error"
+    assert c.exit_code is None
+    assert c.signal is None
+    assert c.reason == "command not found: 'nope'"
+    assert c.message == "The replica worker-1 could not be started: command not found: 'nope'."
+
+
+def test_spawn_error_without_detail() -> None:
+    c = _classify(None)
+    assert c.kind is ExitKind.SPAWN_ERROR
+    assert c.reason == "the command could not be started"
+
+
+@pytest.mark.parametrize("returncode", [-7, 135])
+def test_sigbus_is_not_transient_by_default(returncode: int) -> None:
+    # TRANSIENT_SIGNALS is SIGABRT and SIGSEGV only; any other signal not sent from outside
+    # (SIGKILL/SIGTERM/SIGINT) is the program's own fault: a user error, not retried.
+    c = _classify(returncode)
+    assert c.kind is ExitKind.SIGNAL
+    assert c.failure_class is FailureClass.USER_ERROR
+    assert c.retryable is False
+    assert c.rule == "other-signal"
+    assert c.reason == "SIGBUS"
+    assert c.exit_code == 135
+    assert c.signal == "SIGBUS"
+    assert c.message == (
+        "The replica worker-1 exited with a non-zero status of 135. Termination reason: SIGBUS."
+    )
+
+
+def test_sigbus_with_traceback_reports_the_exception() -> None:
+    c = _classify(-7, log_tail=TRACEBACK_KEYERROR)
+    assert c.failure_class is FailureClass.USER_ERROR
+    assert c.rule == "python-traceback"
+    assert c.reason == "KeyError: 'x'"
+
+
+# ---------------------------------------------------------------- last_exception
+
+CHAINED = (
+    "Traceback (most recent call last):",
+    '  File "a.py", line 3, in <module>',
+    "KeyError: 'x'",
+    "",
+    "During handling of the above exception, another exception occurred:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "a.py", line 5, in <module>',
+    "ValueError: bad value",
+)
+
+CAUSED = (
+    "Traceback (most recent call last):",
+    '  File "a.py", line 3, in <module>',
+    "OSError: [Errno 2] No such file or directory: 'data.bin'",
+    "",
+    "The above exception was the direct cause of the following exception:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "a.py", line 5, in <module>',
+    "RuntimeError: cannot load the dataset",
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (TRACEBACK_KEYERROR, "KeyError: 'x'"),
+        (CHAINED, "ValueError: bad value"),
+        (CAUSED, "RuntimeError: cannot load the dataset"),
+        (
+            (
+                "Traceback (most recent call last):",
+                '  File "train.py", line 40, in step',
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            ),
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
+        (
+            (
+                "Traceback (most recent call last):",
+                "torch.distributed.DistBackendError: NCCL error in: ...",
+            ),
+            "torch.distributed.DistBackendError: NCCL error in: ...",
+        ),
+        (
+            ("Traceback (most recent call last):", '  File "a.py", line 1', "KeyboardInterrupt"),
+            "KeyboardInterrupt",
+        ),
+        (
+            ("Traceback (most recent call last):", '  File "a.py", line 1', "SystemExit: 3"),
+            "SystemExit: 3",
+        ),
+        (
+            ("Traceback (most recent call last):", "__main__.ConfigError: missing lr"),
+            "__main__.ConfigError: missing lr",
+        ),
+        # Two separate tracebacks: the last one wins.
+        (
+            (
+                "Traceback (most recent call last):",
+                "KeyError: 'first'",
+                "retrying",
+                "Traceback (most recent call last):",
+                "IndexError: list index out of range",
+            ),
+            "IndexError: list index out of range",
+        ),
+        # Leading whitespace (indented logs) is tolerated.
+        (("  Traceback (most recent call last):", "    KeyError: 'x'"), "KeyError: 'x'"),
+        # Exception-looking lines with no Traceback header before them are ignored.
+        (("ValueError: printed by the program", "RuntimeError: also printed"), None),
+        (("RuntimeError: before the traceback", "Traceback (most recent call last):"), None),
+        # A new traceback whose exception line has not arrived yet forgets the older one.
+        (
+            (
+                "Traceback (most recent call last):",
+                "KeyError: 'x'",
+                "Traceback (most recent call last):",
+                '  File "a.py", line 1',
+            ),
+            None,
+        ),
+        # Source lines inside a traceback are not exception lines.
+        (
+            (
+                "Traceback (most recent call last):",
+                '  File "a.py", line 1, in <module>',
+                "    raise ValueError('bad')",
+            ),
+            None,
+        ),
+        ((), None),
+    ],
+)
+def test_last_exception(lines: tuple[str, ...], expected: str | None) -> None:
+    assert last_exception(lines) == expected
+
+
+@pytest.mark.xfail(
+    reason="_EXC_LINE needs a prefix before Error/Exception, so the bare built-in "
+    "`Exception: boom` (from `raise Exception('boom')`) is not recognised",
+    strict=True,
+)
+def test_last_exception_bare_exception_class() -> None:
+    lines = ("Traceback (most recent call last):", '  File "a.py", line 1', "Exception: boom")
+    assert last_exception(lines) == "Exception: boom"

@@ -1,0 +1,225 @@
+"""The master loop driven event by event against a fake backend (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from trainguard.backends.base import BackendEvent, Launch, ReplicaExited, ReplicaStarted
+from trainguard.classify import INTERNAL_ERROR_MESSAGE, ExitEvidence
+from trainguard.master import CancelRequested, Master
+from trainguard.recorder import Recorder
+from trainguard.spec import validate_spec
+from trainguard.states import JobState
+from trainguard.store import Store
+
+
+class FakeBackend:
+    """Starts nothing; reports what a test tells it, in the order it is told."""
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.emit: Callable[[BackendEvent], None] = lambda _e: None
+        self.launches: list[Launch] = []
+        self.live: dict[str, Launch] = {}
+        self.stops: list[list[str]] = []
+        self.port = 40000
+        self.fail_start = fail_start
+        self.closed = False
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self.emit = emit
+
+    async def rendezvous(self) -> tuple[str, int]:
+        self.port += 1
+        return "127.0.0.1", self.port
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        if self.fail_start:
+            raise RuntimeError("backend exploded")
+        for launch in launches:
+            self.launches.append(launch)
+            self.live[launch.replica] = launch
+            pid = 1000 + len(self.launches)
+            self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
+
+    def exit(self, replica: str, returncode: int, stop_requested: bool = False) -> None:
+        launch = self.live.pop(replica)
+        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested)
+        self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        self.stops.append(list(replicas))
+        for name in replicas:
+            if name in self.live:
+                self.exit(name, -15, stop_requested=True)
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        return ()
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.stop(list(self.live), 0)
+
+
+def make(tmp_path: Path, backend: FakeBackend, **ft: object) -> tuple[Master, Store]:
+    spec = validate_spec(
+        {
+            "name": "t",
+            "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
+            "fault_tolerance": ft,
+        }
+    )
+    store = Store(tmp_path / "home")
+    rec = Recorder(store, "job-1")
+    rec.job_created(name="t", spec=spec, log_dir=tmp_path / "logs", at_s=0.0, master={})
+    master = Master(
+        job_id="job-1",
+        spec=spec,
+        backend=backend,
+        recorder=rec,
+        log_dir=tmp_path / "logs",
+        cwd=str(tmp_path),
+    )
+    return master, store
+
+
+async def drain(master: Master) -> None:
+    """Run every queued event through `step`, as the loop would."""
+    while not master._queue.empty():
+        await master.step(master._queue.get_nowait())
+
+
+def test_transient_failure_restarts_the_whole_job(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        assert m.state is JobState.RUNNING and m.attempt == 0
+        be.exit("worker-1", -11)
+        await drain(m)
+        assert m.state is JobState.RUNNING and m.attempt == 1
+        assert be.stops[0] == ["worker-0"]  # the survivor was stopped
+        ports = {launch.env["MASTER_PORT"] for launch in be.launches}
+        assert len(ports) == 2
+        assert [launch.env["TORCHELASTIC_RESTART_COUNT"] for launch in be.launches[2:]] == [
+            "1",
+            "1",
+        ]
+        assert m.budgets.job_restarts == 1
+        assert m.budgets.class_restarts == {"max_transient_restarts": 1}
+        (rec,) = store.restarts_of("job-1")
+        assert rec["failure_class"] == "transient_exit" and rec["error_code"] == "139"
+        assert rec["stop_ms"] is not None and rec["start_ms"] is not None
+        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        assert states == ["PENDING", "RUNNING", "RESTARTING", "RUNNING"]
+        runs = store.runs_of("job-1", attempt=0)
+        assert {r["replica"]: r["state"] for r in runs} == {
+            "worker-0": "STOPPED",
+            "worker-1": "FAILED",
+        }
+
+    asyncio.run(scenario())
+
+
+def test_budget_runs_out_then_the_job_fails_with_the_last_message(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = make(tmp_path, be, max_num_of_job_restart=2)
+        await m.begin()
+        await drain(m)
+        for _ in range(3):
+            be.exit("worker-0", 134)
+            await drain(m)
+        assert m.state is JobState.FAILED
+        assert m.outcome.error_message == (
+            "The replica worker-0 exited with a non-zero status of 134. "
+            "Termination reason: SIGABRT."
+        )
+        assert m.outcome.attempts == 3
+
+    asyncio.run(scenario())
+
+
+def test_exits_of_an_old_attempt_change_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        old = be.live["worker-0"]
+        be.exit("worker-1", -9)
+        await drain(m)
+        # a late failure report from attempt 0 arrives after attempt 1 started
+        ev = ExitEvidence("worker-0", 1, log_tail=("Traceback (most recent call last):", "E: x"))
+        await m.step(ReplicaExited(old.attempt, "worker-0", 0, 1, ev, 3.0))
+        assert m.state is JobState.RUNNING and m.attempt == 1
+        assert len(store.restarts_of("job-1")) == 1
+
+    asyncio.run(scenario())
+
+
+def test_cancel_stops_everything_and_charges_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        await m.step(CancelRequested("test"))
+        assert m.state is JobState.CANCELLED
+        assert be.live == {}
+        assert m.budgets.job_restarts == 0 and store.restarts_of("job-1") == []
+        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        assert states[-2:] == ["CANCELLING", "CANCELLED"]
+
+    asyncio.run(scenario())
+
+
+def test_async_mode_restarts_only_the_failed_worker(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be, execution_mode="async")
+        await m.begin()
+        await drain(m)
+        be.exit("worker-1", -11)
+        await drain(m)
+        assert m.attempt == 0 and be.stops == []
+        relaunch = be.launches[-1]
+        assert (relaunch.replica, relaunch.restart) == ("worker-1", 1)
+        assert relaunch.log_path.name == "worker-1.r1.log"
+        assert m.budgets.replica_restarts == {"worker-1": 1}
+        (rec,) = store.restarts_of("job-1")
+        assert rec["decision"].startswith("RestartReplica(worker-1)")
+
+    asyncio.run(scenario())
+
+
+def test_primary_success_ends_the_job(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        be.exit("worker-1", 0)
+        await drain(m)
+        assert m.state is JobState.RUNNING  # worker-1 is not the primary
+        be.exit("worker-0", 0)
+        await drain(m)
+        assert m.state is JobState.SUCCEEDED
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("fail_start", [True])
+def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) -> None:
+    be = FakeBackend(fail_start=fail_start)
+    m, store = make(tmp_path, be)
+    outcome = asyncio.run(m.run())
+    assert outcome.state is JobState.FAILED
+    assert outcome.error_message == INTERNAL_ERROR_MESSAGE
+    assert store.job("job-1")["error_code"] == "INTERNAL"
+    assert "backend exploded" in (tmp_path / "logs" / "master-error.log").read_text()
+    assert be.closed
