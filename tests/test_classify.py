@@ -402,11 +402,20 @@ def test_last_exception(lines: tuple[str, ...], expected: str | None) -> None:
     assert last_exception(lines) == expected
 
 
-@pytest.mark.xfail(
-    reason="_EXC_LINE needs a prefix before Error/Exception, so the bare built-in "
-    "`Exception: boom` (from `raise Exception('boom')`) is not recognised",
-    strict=True,
-)
 def test_last_exception_bare_exception_class() -> None:
     lines = ("Traceback (most recent call last):", '  File "a.py", line 1', "Exception: boom")
     assert last_exception(lines) == "Exception: boom"
+
+
+def test_last_exception_inside_an_exception_group() -> None:
+    lines = (
+        "  + Exception Group Traceback (most recent call last):",
+        '  |   File "a.py", line 3, in <module>',
+        "  | ExceptionGroup: many (1 sub-exception)",
+        "  +-+---------------- 1 ----------------",
+        "    | Traceback (most recent call last):",
+        '    |   File "a.py", line 2, in f',
+        "    | ValueError: bad shape",
+        "    +------------------------------------",
+    )
+    assert last_exception(lines) == "ValueError: bad shape"

@@ -786,11 +786,6 @@ def test_replica_env_user_env_wins() -> None:
     assert env["TRAINGUARD_REPLICA"] == "worker-0"
 
 
-@pytest.mark.xfail(
-    reason="spec._loc drops any location part starting with 'int' (meant for pydantic's "
-    "union-branch labels), so an env key like 'interval' vanishes from the problem line",
-    strict=True,
-)
 def test_problem_line_keeps_env_keys_starting_with_int() -> None:
     data = {"name": "job", "worker_pools": [{"command": ["x"], "env": {"interval": 5}}]}
     assert _problems(data) == [

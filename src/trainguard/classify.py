@@ -71,7 +71,9 @@ class Classification:
         return self.failure_class is not None
 
 
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[A-Z]\w+Error)(:.*)?$")
+_EXC_LINE = re.compile(
+    r"^([A-Za-z_][\w]*\.)*(Exception|[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
+)
 
 
 def last_exception(lines: tuple[str, ...]) -> str | None:
@@ -79,8 +81,9 @@ def last_exception(lines: tuple[str, ...]) -> str | None:
     seen_traceback = False
     found: str | None = None
     for raw in lines:
-        line = raw.strip()
-        if line.startswith("Traceback (most recent call last)"):
+        # exception groups (3.11+) draw their sub-tracebacks behind `| ` and `+-` rails
+        line = raw.strip().lstrip("|+ ").strip()
+        if "Traceback (most recent call last)" in line:
             seen_traceback = True
             found = None
         elif seen_traceback and _EXC_LINE.match(line):

@@ -153,7 +153,21 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
             data[key] = getattr(args, key)
     if "name" not in data and command:
         data["name"] = _default_name(command)
-    return validate_spec(data)
+    try:
+        return validate_spec(data)
+    except SpecError as exc:
+        raise SpecError([_name_the_flag(line, args) for line in exc.problems]) from None
+
+
+def _name_the_flag(line: str, args: argparse.Namespace) -> str:
+    """`fault_tolerance.max_num_of_job_restart: ...` also names the flag that set it."""
+    flags = {f"fault_tolerance.{f}": flag for f, flag in _FT_FLAGS.items()}
+    flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
+    field = line.split(":", 1)[0]
+    dest = field.removeprefix("fault_tolerance.")
+    if field in flags and getattr(args, dest, None) is not None:
+        return f"{line} (from {flags[field]})"
+    return line
 
 
 def _default_name(command: list[str]) -> str:

@@ -170,7 +170,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif str(part).startswith(("function-", "literal[", "int", "constrained")):
+        elif str(part).startswith("function-") or "[" in str(part):
             continue  # pydantic's union-branch labels say nothing to a user
         else:
             out += ("." if out else "") + str(part)
