@@ -21,6 +21,7 @@ is killed as a whole process group at --timeout, so a hung launcher never blocks
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -61,15 +62,45 @@ def _args() -> argparse.Namespace:
 
 
 def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> list[str]:
-    job = [str(TRAIN), "--ckpt-dir", str(work / "ckpt"), "--steps", str(args.steps),
-           "--ckpt-every", str(args.ckpt_every), "--step-time", str(args.step_time)]
+    job = [
+        str(TRAIN),
+        "--ckpt-dir",
+        str(work / "ckpt"),
+        "--steps",
+        str(args.steps),
+        "--ckpt-every",
+        str(args.ckpt_every),
+        "--step-time",
+        str(args.step_time),
+    ]
     if crash:
         job += ["--crash-at-step", str(args.crash_at_step), "--crash-rank", "1"]
     if tool == "tg":
-        return [str(BIN / "trainguard"), "--home", str(work / "tg"), "run", "--quiet",
-                "--nproc-per-node", "2", "--", sys.executable, *job]
-    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "3", "--log-dir", str(work / "logs"), "--redirects", "3", *job]
+        return [
+            str(BIN / "trainguard"),
+            "--home",
+            str(work / "tg"),
+            "run",
+            "--quiet",
+            "--nproc-per-node",
+            "2",
+            "--",
+            sys.executable,
+            *job,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--log-dir",
+        str(work / "logs"),
+        "--redirects",
+        "3",
+        *job,
+    ]
 
 
 def _log_files(tool: str, work: Path) -> list[tuple[int, Path]]:
@@ -99,19 +130,31 @@ def _parse(tool: str, work: Path) -> dict:
     first = [t for a, _, t in steps if a == 0]
     later = [(t, s) for a, s, t in steps if a > 0 and (fault_t is None or t > fault_t)]
     resumed_t, resumed_step = min(later) if later else (None, None)
-    return {"first_step_t": min(first) if first else None, "fault_t": fault_t,
-            "resumed_t": resumed_t, "resumed_step": resumed_step, "sha": sha,
-            "attempts": len(attempts)}
+    return {
+        "first_step_t": min(first) if first else None,
+        "fault_t": fault_t,
+        "resumed_t": resumed_t,
+        "resumed_step": resumed_step,
+        "sha": sha,
+        "attempts": len(attempts),
+    }
 
 
 def _tg_records(work: Path) -> list[dict]:
     home = ["--home", str(work / "tg")]
     tg = str(BIN / "trainguard")
     try:
-        jobs = json.loads(subprocess.run([tg, *home, "jobs", "--json"], capture_output=True,
-                                         text=True, timeout=30).stdout)
-        recs = subprocess.run([tg, *home, "records", jobs[0]["id"], "--json"],
-                              capture_output=True, text=True, timeout=30).stdout
+        jobs = json.loads(
+            subprocess.run(
+                [tg, *home, "jobs", "--json"], capture_output=True, text=True, timeout=30
+            ).stdout
+        )
+        recs = subprocess.run(
+            [tg, *home, "records", jobs[0]["id"], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         return json.loads(recs)
     except (subprocess.SubprocessError, ValueError, IndexError, KeyError):
         return []
@@ -126,26 +169,41 @@ def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int
     cmd = _command(tool, work, args, crash)
     with open(work / "launcher.out", "wb") as out:
         t0 = time.time()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             rc, timed_out = proc.wait(timeout=args.timeout), False
         except subprocess.TimeoutExpired:
             rc, timed_out = None, True
         wall = time.time() - t0
-        try:  # the whole session: a launcher's workers must not outlive the run
+        with contextlib.suppress(ProcessLookupError):  # workers must not outlive the run
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         if rc is None:
             proc.wait()
-    r = {"tool": tool, "crash": crash, "rc": rc, "timed_out": timed_out, "wall_s": wall,
-         "launch_t": t0, **_parse(tool, work)}
+    r = {
+        "tool": tool,
+        "crash": crash,
+        "rc": rc,
+        "timed_out": timed_out,
+        "wall_s": wall,
+        "launch_t": t0,
+        **_parse(tool, work),
+    }
     r["cold_start_s"] = r["first_step_t"] - t0 if r["first_step_t"] else None
-    r["kill_to_step_s"] = (r["resumed_t"] - r["fault_t"]
-                           if r["resumed_t"] and r["fault_t"] else None)
-    r["recovered"] = bool(crash and rc == 0 and r["kill_to_step_s"] is not None
-                          and r["kill_to_step_s"] <= RECOVERY_LIMIT_S)
+    r["kill_to_step_s"] = r["resumed_t"] - r["fault_t"] if r["resumed_t"] and r["fault_t"] else None
+    r["recovered"] = bool(
+        crash
+        and rc == 0
+        and r["kill_to_step_s"] is not None
+        and r["kill_to_step_s"] <= RECOVERY_LIMIT_S
+    )
     r["records"] = _tg_records(work) if tool == "tg" and crash else []
     if not r["sha"] or rc != 0:
         tail = (work / "launcher.out").read_text(errors="replace").splitlines()[-4:]
@@ -175,25 +233,31 @@ def report(results: list[dict], baseline: str | None, tools: list[str], n: int) 
         rs = [r for r in results if r["tool"] == tool and r["crash"]]
         k2s = [r["kill_to_step_s"] for r in rs if r["recovered"]]
         cold = [r["cold_start_s"] for r in rs if r["cold_start_s"] is not None]
-        cold += [r["cold_start_s"] for r in results
-                 if r["tool"] == tool and not r["crash"] and r["cold_start_s"] is not None]
+        cold += [
+            r["cold_start_s"]
+            for r in results
+            if r["tool"] == tool and not r["crash"] and r["cold_start_s"] is not None
+        ]
         same = sum(1 for r in rs if baseline and r["sha"] == baseline)
         meds[tool] = {"k2s": _median(k2s), "cold": _median(cold)}
         timeouts = sum(r["timed_out"] for r in rs)
         print(f"\n[{tool}]  runs {len(rs)}/{n}")
         print(f"  kill -> first step after recovery: {_stats(k2s)}   (recovered runs only)")
         print(f"  cold start -> first step:          {_stats(cold)}   (attempt 0, all runs)")
-        print(f"  recovered within {RECOVERY_LIMIT_S:.0f} s: {sum(r['recovered'] for r in rs)}/"
-              f"{len(rs)}   identical weights: {same}/{len(rs)}   timed out: {timeouts}/"
-              f"{len(rs)}   exit codes: {[r['rc'] for r in rs]}")
+        print(
+            f"  recovered within {RECOVERY_LIMIT_S:.0f} s: {sum(r['recovered'] for r in rs)}/"
+            f"{len(rs)}   identical weights: {same}/{len(rs)}   timed out: {timeouts}/"
+            f"{len(rs)}   exit codes: {[r['rc'] for r in rs]}"
+        )
         recs = [rec for r in rs for rec in r["records"]]
         if recs:
             parts = []
             for k in PHASES:
                 vals = [rec[k] for rec in recs if rec.get(k) is not None]
                 parts.append(f"{k[:-3]} {statistics.median(vals):.0f}" if vals else f"{k[:-3]} -")
-            print(f"  restart record phases (median ms over {len(recs)} records): "
-                  + ", ".join(parts))
+            print(
+                f"  restart record phases (median ms over {len(recs)} records): " + ", ".join(parts)
+            )
     if "tg" in meds:
         for other in (t for t in tools if t != "tg"):
             for key, label in (("k2s", "kill -> first step"), ("cold", "cold start")):
@@ -210,17 +274,22 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-"))
     results: list[dict] = []
     n = 0
-    print(f"steps {args.steps}, crash at {args.crash_at_step}, ckpt every {args.ckpt_every}, "
-          f"step time {args.step_time}, runs {args.runs}, timeout {args.timeout:.0f} s, "
-          f"work dir {tmp}", flush=True)
+    print(
+        f"steps {args.steps}, crash at {args.crash_at_step}, ckpt every {args.ckpt_every}, "
+        f"step time {args.step_time}, runs {args.runs}, timeout {args.timeout:.0f} s, "
+        f"work dir {tmp}",
+        flush=True,
+    )
     try:
         for tool in tools:  # uninterrupted baselines, one per tool
             n += 1
             r = run_once(tool, args, False, tmp, n)
             results.append(r)
-            print(f"clean  {tool:17} rc {r['rc']}  wall {r['wall_s']:6.2f} s  "
-                  f"cold {r['cold_start_s'] or float('nan'):.3f} s  sha {str(r['sha'])[:12]}",
-                  flush=True)
+            print(
+                f"clean  {tool:17} rc {r['rc']}  wall {r['wall_s']:6.2f} s  "
+                f"cold {r['cold_start_s'] or float('nan'):.3f} s  sha {str(r['sha'])[:12]}",
+                flush=True,
+            )
         shas = {r["sha"] for r in results if r["sha"]}
         baseline = next(iter(shas)) if len(shas) == 1 else None
         if len(shas) > 1:
@@ -231,18 +300,26 @@ def main() -> int:
                 r = run_once(tool, args, True, tmp, n)
                 results.append(r)
                 k2s = r["kill_to_step_s"]
-                print(f"run {i + 1} {tool:17} rc {r['rc']}  wall {r['wall_s']:6.2f} s  "
-                      f"attempts {r['attempts']}  kill->step "
-                      f"{'-' if k2s is None else f'{k2s:.3f} s'}  resumed at "
-                      f"{r['resumed_step']}  same weights {r['sha'] == baseline}"
-                      + ("  TIMED OUT" if r["timed_out"] else ""), flush=True)
+                print(
+                    f"run {i + 1} {tool:17} rc {r['rc']}  wall {r['wall_s']:6.2f} s  "
+                    f"attempts {r['attempts']}  kill->step "
+                    f"{'-' if k2s is None else f'{k2s:.3f} s'}  resumed at "
+                    f"{r['resumed_step']}  same weights {r['sha'] == baseline}"
+                    + ("  TIMED OUT" if r["timed_out"] else ""),
+                    flush=True,
+                )
                 if not r["recovered"] and r.get("launcher_tail"):
-                    print("    launcher: " + " | ".join(x.strip()[:160] for x in
-                                                       r["launcher_tail"]), flush=True)
+                    print(
+                        "    launcher: " + " | ".join(x.strip()[:160] for x in r["launcher_tail"]),
+                        flush=True,
+                    )
         report(results, baseline, tools, args.runs)
         if args.json:
-            Path(args.json).write_text(json.dumps(
-                {"args": vars(args), "baseline_sha": baseline, "runs": results}, indent=2))
+            Path(args.json).write_text(
+                json.dumps(
+                    {"args": vars(args), "baseline_sha": baseline, "runs": results}, indent=2
+                )
+            )
             print(f"raw results: {args.json}")
     finally:
         if args.keep:

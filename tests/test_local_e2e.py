@@ -134,6 +134,22 @@ def test_chief_policy_stops_the_others_when_rank0_succeeds(tg: TG) -> None:
     }
 
 
+def test_a_replica_that_ignores_sigterm_is_killed_after_the_grace_period(tg: TG) -> None:
+    rc, _ = run(
+        tg,
+        "--stop-grace-period",
+        "1",
+        actions=("1:trap-term", "1:print:trapped", "0:sleep:0.5", "1:forever"),
+    )
+    assert rc == 0
+    job = tg.only_job()
+    r1 = next(r for r in job["replicas"] if r["name"] == "worker-1")
+    assert (r1["state"], r1["signal"], r1["exit_code"]) == ("STOPPED", "SIGKILL", 137)
+    assert r1["ended_at_s"] - job["replicas"][0]["ended_at_s"] >= 0.9  # the grace was given
+    log = Path(r1["log_path"]).read_text()
+    assert "ignoring SIGTERM" in log
+
+
 def test_environment_of_each_replica(tg: TG, tmp_path: Path) -> None:
     out = tmp_path / "env"
     script = (

@@ -4,6 +4,7 @@
     WHO   *  every rank | N  rank N | N@A  rank N on attempt A only | *@A
     VERB  print:TEXT  sleep:SECONDS  exit:CODE  signal:NAME  raise:EXCEPTION
           pidfile:PATH (write own pid to PATH.<rank>)  forever (sleep until killed)
+          trap-term (ignore SIGTERM)
           spawn-child (start a grandchild in the same group that sleeps forever)
 
 Actions run in order; a replica that runs out of actions exits 0.
@@ -43,6 +44,8 @@ for action in sys.argv[1:]:
         time.sleep(5)
     elif verb == "raise":
         raise {"KeyError": KeyError, "ValueError": ValueError}[arg]("boom")
+    elif verb == "trap-term":  # ignore the master's SIGTERM: only SIGKILL ends it
+        signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
     elif verb == "pidfile":
         with open(f"{arg}.{rank}", "w") as fh:
             fh.write(str(os.getpid()))

@@ -1,0 +1,352 @@
+"""Table tests for --ft-args (AIMaster flags) and how the CLI builds a job spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.cli import _parser, _split_command, build_spec
+from trainguard.errors import SpecError
+from trainguard.ft_args import parse_ft_args
+from trainguard.spec import (
+    ExecutionMode,
+    FaultTolerantPolicy,
+    JobSpec,
+    SuccessPolicy,
+    validate_spec,
+)
+
+POOL = {"command": ["python", "train.py"]}
+
+
+# ---------------------------------------------------------------- parse_ft_args
+
+AIMASTER = (
+    "--job-execution-mode=Sync --enable-job-restart=True --max-num-of-job-restart=3 "
+    "--fault-tolerant-policy=ExitCodeAndErrorMsg --enable-job-hang-detection=True "
+    "--job-hang-interval=1800"
+)
+AIMASTER_FIELDS = {
+    "execution_mode": "Sync",
+    "enable_job_restart": True,
+    "max_num_of_job_restart": "3",
+    "fault_tolerant_policy": "ExitCodeAndErrorMsg",
+    "enable_job_hang_detection": True,
+    "job_hang_interval": "1800",
+}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        AIMASTER,
+        AIMASTER.replace("=", " "),
+        "  " + AIMASTER.replace(" ", "\n") + "\n",
+    ],
+    ids=["equals", "spaces", "newlines"],
+)
+def test_parse_ft_args_aimaster_string(text: str) -> None:
+    assert parse_ft_args(text) == AIMASTER_FIELDS
+
+
+def test_parse_ft_args_validates_into_the_spec() -> None:
+    data = {"name": "job", "worker_pools": [POOL], "fault_tolerance": parse_ft_args(AIMASTER)}
+    spec = validate_spec(data)
+    ft = spec.fault_tolerance
+    assert ft.execution_mode is ExecutionMode.SYNC
+    assert ft.enable_job_restart is True
+    assert ft.max_num_of_job_restart == 3
+    assert ft.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
+    assert ft.enable_job_hang_detection is True
+    assert ft.job_hang_interval == 1800
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("--enable-job-restart", {"enable_job_restart": True}),
+        (
+            "--enable-job-restart --max-num-of-job-restart=-1",
+            {"enable_job_restart": True, "max_num_of_job_restart": "-1"},
+        ),
+        ("--enable-job-restart=false", {"enable_job_restart": False}),
+        ("--enable-job-restart False", {"enable_job_restart": False}),
+        ("--enable-job-restart=0", {"enable_job_restart": False}),
+        ("--enable-job-restart=yes", {"enable_job_restart": True}),
+        ("--max-num-of-job-restart -1", {"max_num_of_job_restart": "-1"}),
+        ("--max-tolerated-failure-rate=-1", {"max_tolerated_failure_rate": "-1"}),
+        ("--job-execution-mode=Async", {"execution_mode": "Async"}),
+        ("--fault-tolerant-policy 'OnFailure'", {"fault_tolerant_policy": "OnFailure"}),
+        (
+            "--enable-job-exit-hang-detection=True --job-exit-hang-interval=60",
+            {"enable_job_exit_hang_detection": True, "job_exit_hang_interval": "60"},
+        ),
+        ("--enable-c4d-hang-detection=False", {"enable_c4d_hang_detection": False}),
+        ("--max-num-of-same-error=4", {"max_num_of_same_error": "4"}),
+    ],
+)
+def test_parse_ft_args_forms(text: str, expected: dict[str, Any]) -> None:
+    assert parse_ft_args(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "first_line"),
+    [
+        ("--bogus=1", "--ft-args --bogus: unknown option (known: --job-execution-mode, "),
+        (
+            "--enable-job-restart=maybe",
+            "--ft-args --enable-job-restart: must be True or False, got 'maybe'",
+        ),
+        ("--enable-job-restart=", "--ft-args --enable-job-restart: must be True or False, got ''"),
+        (
+            "job-execution-mode=Sync",
+            "--ft-args: expected --name=value, got 'job-execution-mode=Sync'",
+        ),
+        ("--job-hang-interval", "--ft-args --job-hang-interval: needs a value"),
+        ("--job-execution-mode='Sync", "--ft-args: cannot split"),
+    ],
+)
+def test_parse_ft_args_errors(text: str, first_line: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_ft_args(text)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith(first_line)
+
+
+def test_parse_ft_args_reports_every_problem() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_ft_args("--bogus=1 --enable-job-restart=maybe --job-execution-mode=Sync")
+    assert len(info.value.problems) == 2
+    assert info.value.problems[0].startswith("--ft-args --bogus: unknown option")
+    assert info.value.problems[1] == (
+        "--ft-args --enable-job-restart: must be True or False, got 'maybe'"
+    )
+
+
+# ---------------------------------------------------------------- build_spec
+
+
+def _build(*argv: str) -> JobSpec:
+    """What `trainguard run ARGV` builds (as cli.main splits and parses it)."""
+    head, command = _split_command(["run", *argv])
+    args = _parser().parse_args(head)
+    command = command or [c for c in args.command if c != "--"]
+    return build_spec(args, command)
+
+
+def _build_problems(*argv: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        _build(*argv)
+    return info.value.problems
+
+
+def test_build_spec_from_command() -> None:
+    spec = _build("--nproc-per-node", "2", "--", "python", "x.py")
+    assert spec.name == "x"
+    (pool,) = spec.worker_pools
+    assert pool.role == "worker"
+    assert pool.replicas == 2
+    assert pool.command == ["python", "x.py"]
+    assert spec.world_size == 2
+    assert spec.fault_tolerance.max_num_of_job_restart == 3
+
+
+def test_build_spec_parse_args_remainder() -> None:
+    # Parsed with the -- still in argv (argparse's REMAINDER), as the brief's form does.
+    args = _parser().parse_args(["run", "--nproc", "3", "--", "python", "x.py", "--lr", "1"])
+    command = [c for c in args.command if c != "--"]
+    spec = build_spec(args, command)
+    assert spec.worker_pools[0].replicas == 3
+    assert spec.worker_pools[0].command == ["python", "x.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["python", "x.py"], "x"),
+        (["python", "-u", "/opt/app/train_gpt.py", "--lr", "3"], "train_gpt"),
+        (["./run.sh"], "run"),
+        (["bash", "scripts/launch job.sh"], "launch-job"),
+        (["torchrun"], "torchrun"),
+        (["/usr/bin/env"], "env"),
+    ],
+)
+def test_build_spec_default_name(command: list[str], name: str) -> None:
+    assert _build("--", *command).name == name
+
+
+def test_build_spec_job_name_flag() -> None:
+    assert _build("--job-name", "mine", "--", "python", "x.py").name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "expected"),
+    [
+        (["--max-restarts", "5"], "max_num_of_job_restart", 5),
+        (["--max-restarts", "unlimited"], "max_num_of_job_restart", "unlimited"),
+        (["--max-restarts=-1"], "max_num_of_job_restart", "unlimited"),
+        (["--enable-job-restart", "False"], "enable_job_restart", False),
+        (["--enable-job-restart", "true"], "enable_job_restart", True),
+        (["--execution-mode", "Async"], "execution_mode", ExecutionMode.ASYNC),
+        (
+            ["--fault-tolerant-policy", "onfailure"],
+            "fault_tolerant_policy",
+            FaultTolerantPolicy.ON_FAILURE,
+        ),
+        (["--max-replica-restarts", "2"], "max_replica_restarts", 2),
+        (["--max-transient-restarts", "0"], "max_transient_restarts", 0),
+        (["--stop-grace-period", "2.5"], "stop_grace_period_s", 2.5),
+    ],
+)
+def test_build_spec_ft_flags(argv: list[str], field: str, expected: Any) -> None:
+    spec = _build(*argv, "--", "python", "x.py")
+    assert getattr(spec.fault_tolerance, field) == expected
+
+
+def test_build_spec_other_flags() -> None:
+    spec = _build(
+        "--framework",
+        "generic",
+        "--success-policy",
+        "all",
+        "--env",
+        "A=1",
+        "--env",
+        "B=x=y",
+        "--",
+        "python",
+        "x.py",
+    )
+    assert spec.framework == "generic"
+    assert spec.success_policy is SuccessPolicy.ALL
+    assert spec.worker_pools[0].env == {"A": "1", "B": "x=y"}
+
+
+def _write_spec(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+SPEC_FT = """\
+name: fromfile
+fault_tolerance:
+  max_num_of_job_restart: 1
+  max_replica_restarts: 1
+  execution_mode: async
+  enable_job_restart: false
+"""
+
+
+def test_build_spec_file_alone(tmp_path: Path) -> None:
+    f = _write_spec(tmp_path, SPEC_FT)
+    spec = _build("-f", f, "--", "python", "x.py")
+    assert spec.name == "fromfile"  # the file's name beats the command's default name
+    ft = spec.fault_tolerance
+    assert (ft.max_num_of_job_restart, ft.max_replica_restarts) == (1, 1)
+    assert ft.execution_mode is ExecutionMode.ASYNC
+    assert ft.enable_job_restart is False
+
+
+def test_build_spec_ft_args_beat_file(tmp_path: Path) -> None:
+    f = _write_spec(tmp_path, SPEC_FT)
+    spec = _build(
+        "-f",
+        f,
+        "--ft-args=--max-num-of-job-restart=2 --enable-job-restart=True",
+        "--",
+        "python",
+        "x.py",
+    )
+    ft = spec.fault_tolerance
+    assert ft.max_num_of_job_restart == 2  # --ft-args over the file
+    assert ft.enable_job_restart is True  # --ft-args over the file
+    assert ft.max_replica_restarts == 1  # the file, untouched
+    assert ft.execution_mode is ExecutionMode.ASYNC  # the file, untouched
+
+
+def test_build_spec_flags_beat_ft_args_and_file(tmp_path: Path) -> None:
+    f = _write_spec(tmp_path, SPEC_FT)
+    spec = _build(
+        "-f",
+        f,
+        "--ft-args",
+        "--max-num-of-job-restart=2 --job-execution-mode=Sync",
+        "--max-restarts",
+        "5",
+        "--max-replica-restarts",
+        "4",
+        "--job-name",
+        "fromflag",
+        "--",
+        "python",
+        "x.py",
+    )
+    ft = spec.fault_tolerance
+    assert ft.max_num_of_job_restart == 5  # flag over --ft-args over file
+    assert ft.max_replica_restarts == 4  # flag over file
+    assert ft.execution_mode is ExecutionMode.SYNC  # --ft-args over file
+    assert ft.enable_job_restart is False  # file
+    assert spec.name == "fromflag"
+
+
+def test_build_spec_from_file_pools(tmp_path: Path) -> None:
+    f = _write_spec(
+        tmp_path,
+        "name: pools\nworker_pools:\n"
+        "  - role: chief\n    command: [python, c.py]\n"
+        "  - role: worker\n    replicas: 3\n    command: [python, w.py]\n",
+    )
+    spec = _build("-f", f, "--env", "K=V")
+    assert spec.name == "pools"
+    assert [(p.role, p.replicas) for p in spec.worker_pools] == [("chief", 1), ("worker", 3)]
+    assert all(p.env == {"K": "V"} for p in spec.worker_pools)
+
+
+@pytest.mark.parametrize("argv", [(), ("--nproc-per-node", "2"), ("--max-restarts", "1")])
+def test_build_spec_without_command_or_spec(argv: tuple[str, ...]) -> None:
+    problems = _build_problems(*argv)
+    assert len(problems) == 1
+    assert problems[0].startswith("command: none given")
+    assert "command" in problems[0]
+
+
+def test_build_spec_command_and_spec_pools(tmp_path: Path) -> None:
+    f = _write_spec(tmp_path, "name: j\nworker_pools:\n  - command: [x]\n")
+    assert _build_problems("-f", f, "--", "python", "x.py") == [
+        "command: give either a spec with worker_pools or a command, not both"
+    ]
+
+
+def test_build_spec_nproc_with_spec_pools(tmp_path: Path) -> None:
+    f = _write_spec(tmp_path, "name: j\nworker_pools:\n  - command: [x]\n")
+    assert _build_problems("-f", f, "--nproc", "2") == [
+        "--nproc-per-node: applies to a command, not to a spec's worker_pools"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (("--env", "NOEQUALS"), "--env: must be KEY=VALUE, got 'NOEQUALS'"),
+        (("--env", "=v"), "--env: must be KEY=VALUE, got '=v'"),
+        (("--nproc", "0"), "worker_pools[0].replicas: must be >= 1, got '0'"),
+    ],
+)
+def test_build_spec_bad_flags(argv: tuple[str, ...], problem: str) -> None:
+    assert _build_problems(*argv, "--", "python", "x.py") == [problem]
+
+
+def test_build_spec_bad_ft_args() -> None:
+    problems = _build_problems("--ft-args=--nope=1", "--", "python", "x.py")
+    assert len(problems) == 1
+    assert problems[0].startswith("--ft-args --nope: unknown option")
+
+
+def test_build_spec_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing.yaml"
+    problems = _build_problems("-f", str(path), "--", "python", "x.py")
+    assert problems == [f"{path}: cannot read the job spec (No such file or directory)"]
