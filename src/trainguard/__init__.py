@@ -1,3 +1,8 @@
-"""trainguard: a self-hosted fault-tolerance master for distributed training jobs."""
+"""trainguard: a self-hosted fault-tolerance master for distributed training jobs.
+
+This package namespace stays empty on purpose: training processes will import the SDK
+from it, and that import must take milliseconds, not pull in pydantic or SQLAlchemy.
+The CLI lives in `trainguard.cli`, the job spec in `trainguard.spec`.
+"""
 
 __version__ = "0.1.0"

@@ -67,13 +67,21 @@ def run_job(
 
 async def _supervise(master: Master) -> Outcome:
     loop = asyncio.get_running_loop()
-    for sig, why in ((signal.SIGINT, "Ctrl+C"), (signal.SIGTERM, "SIGTERM to the master")):
+    for sig, why in _CANCEL_SIGNALS:
         loop.add_signal_handler(sig, master.cancel, f"cancelled ({why})")
     try:
         return await master.run()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig, _ in _CANCEL_SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+# Signals that cancel the job cleanly; a second one stops the replicas without grace.
+_CANCEL_SIGNALS = (
+    (signal.SIGINT, "Ctrl+C"),
+    (signal.SIGTERM, "SIGTERM to the master"),
+    (signal.SIGHUP, "the terminal closed"),
+)
 
 
 def log_dir_of(store: Store, job_id: str) -> Path:
