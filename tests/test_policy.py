@@ -71,8 +71,9 @@ def _ft(**kw: Any) -> FaultTolerance:
 
 
 def _charges(d: Decision) -> tuple[Charge, ...]:
+    """The charges of a restart, less the same-error count every failure carries."""
     assert isinstance(d, RestartJob | RestartReplica), d
-    return d.charges
+    return tuple(c for c in d.charges if not c.budget.startswith("same_error:"))
 
 
 JOB_1 = Charge("job_restarts", 1, 3)
@@ -108,7 +109,7 @@ ECEM = "ExitCodeAndErrorMsg"
         (ECEM, "sigterm", RestartJob, (JOB_1,)),
         ("OnFailure", "preemption", RestartJob, (JOB_1,)),
         ("Never", "preemption", FailJob, None),
-        (ECEM, "oom", RestartJob, (JOB_1,)),
+        (ECEM, "oom", FailJob, None),  # as Vertex: out of memory is not retried
         ("Never", "oom", FailJob, None),
     ],
 )
@@ -156,7 +157,7 @@ def test_fail_job_carries_code_and_message(kind: str, error_code: str, message: 
 def test_user_error_reason_names_the_rule() -> None:
     d = decide_failure(_ft(), Budgets(), _failure("user"))
     assert isinstance(d, FailJob)
-    assert d.reason == "user_error is not retryable (rule python-traceback)"
+    assert d.reason == "user_error is not retryable (rule python-bug)"
 
 
 def test_never_reason() -> None:
@@ -184,7 +185,7 @@ def test_on_failure_restart_reason() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "error_code"),
-    [("transient", "139"), ("preemption", "137"), ("oom", "137"), ("sigterm", "143")],
+    [("transient", "139"), ("preemption", "137"), ("sigterm", "143")],
 )
 def test_job_budget_exhausted_fails_with_the_classification(kind: str, error_code: str) -> None:
     failure = _failure(kind)
@@ -200,7 +201,7 @@ def test_job_budget_exhausted_fails_with_the_classification(kind: str, error_cod
 def test_job_budget_not_yet_exhausted() -> None:
     d = decide_failure(_ft(), Budgets(job_restarts=2), _failure("preemption"))
     assert isinstance(d, RestartJob)
-    assert d.charges == (Charge("job_restarts", 3, 3),)
+    assert _charges(d) == (Charge("job_restarts", 3, 3),)
 
 
 def test_enable_job_restart_false_fails() -> None:
@@ -218,7 +219,7 @@ def test_unlimited_job_budget(limit: Any) -> None:
         _ft(max_num_of_job_restart=limit), Budgets(job_restarts=1000), _failure("preemption")
     )
     assert isinstance(d, RestartJob)
-    assert d.charges == (Charge("job_restarts", 1001, "unlimited"),)
+    assert _charges(d) == (Charge("job_restarts", 1001, "unlimited"),)
 
 
 def test_zero_job_budget_fails() -> None:
@@ -244,7 +245,7 @@ def test_transient_budget_does_not_limit_preemption() -> None:
     b = Budgets(class_restarts={"max_transient_restarts": 3})
     d = decide_failure(_ft(), b, _failure("preemption"))
     assert isinstance(d, RestartJob)
-    assert d.charges == (JOB_1,)
+    assert _charges(d) == (JOB_1,)
 
 
 # ---------------------------------------------------------------- async mode
@@ -261,7 +262,7 @@ def test_async_worker_restarts_alone(kind: str, charges: tuple[Charge, ...]) -> 
     d = decide_failure(_ft(execution_mode="async"), Budgets(), _failure(kind))
     assert isinstance(d, RestartReplica)
     assert d.replica == "worker-1"
-    assert d.charges == charges
+    assert _charges(d) == charges
 
 
 def test_async_worker_escalates_after_its_budget() -> None:
@@ -269,7 +270,7 @@ def test_async_worker_escalates_after_its_budget() -> None:
     b = Budgets(replica_restarts={"worker-1": 5})
     d = decide_failure(ft, b, _failure("preemption"))
     assert isinstance(d, RestartJob)
-    assert d.charges == (JOB_1,)
+    assert _charges(d) == (JOB_1,)
     assert "worker-1 spent its 5 restarts, so the job restarts" in d.reason
 
 
@@ -279,7 +280,7 @@ def test_async_budget_is_per_replica() -> None:
     d = decide_failure(ft, b, _failure("preemption", replica="worker-2"))
     assert isinstance(d, RestartReplica)
     assert d.replica == "worker-2"
-    assert d.charges == (Charge("replica_restarts:worker-2", 1, 5),)
+    assert _charges(d) == (Charge("replica_restarts:worker-2", 1, 5),)
 
 
 def test_async_escalation_respects_enable_job_restart() -> None:
@@ -299,7 +300,7 @@ def test_async_non_worker_role_restarts_the_job(role: str, enable: bool, decisio
     d = decide_failure(ft, Budgets(), _failure("preemption", replica=f"{role}-0", role=role))
     assert type(d) is decision
     if isinstance(d, RestartJob):
-        assert d.charges == (JOB_1,)
+        assert _charges(d) == (JOB_1,)
 
 
 def test_sync_worker_restarts_the_job() -> None:
@@ -316,74 +317,220 @@ def test_async_unlimited_replica_budget() -> None:
     ft = _ft(execution_mode="async", max_replica_restarts="unlimited")
     d = decide_failure(ft, Budgets(replica_restarts={"worker-1": 99}), _failure("preemption"))
     assert isinstance(d, RestartReplica)
-    assert d.charges == (Charge("replica_restarts:worker-1", 100, "unlimited"),)
+    assert _charges(d) == (Charge("replica_restarts:worker-1", 100, "unlimited"),)
 
 
-# ---------------------------------------------------------------- Budgets.charged
+# ---------------------------------------------------------------- Budgets.after
 
 
 def test_budgets_accumulate_over_transient_failures() -> None:
     ft = _ft()
     b = Budgets()
     for n in (1, 2, 3):
-        d = decide_failure(ft, b, _failure("transient"))
+        f = _failure("transient")
+        d = decide_failure(ft, b, f)
         assert isinstance(d, RestartJob), (n, d)
-        assert d.charges == (
+        assert _charges(d) == (
             Charge("max_transient_restarts", n, 3),
             Charge("job_restarts", n, 3),
         )
-        b = b.charged(d)
+        b = b.after(f, d)
         assert b.job_restarts == n
         assert b.class_restarts == {"max_transient_restarts": n}
         assert b.replica_restarts == {}
-    d = decide_failure(ft, b, _failure("transient"))
+    f = _failure("transient")
+    d = decide_failure(ft, b, f)
     assert isinstance(d, FailJob)
     assert d.error_code == "139"
     assert "max_transient_restarts is spent (3/3)" in d.reason
-    # A decision without charges leaves the budgets as they were.
-    assert b.charged(d) == b
+    # A decision without charges only counts the failure itself.
+    after = b.after(f, d)
+    assert (after.job_restarts, after.class_restarts) == (b.job_restarts, b.class_restarts)
+    assert after.same_error[f.same_error_key] == 4
 
 
 def test_budgets_accumulate_across_classes() -> None:
     ft = _ft(max_num_of_job_restart=5)
     b = Budgets()
     for kind in ("transient", "preemption", "transient"):
-        b = b.charged(decide_failure(ft, b, _failure(kind)))
+        f = _failure(kind)
+        b = b.after(f, decide_failure(ft, b, f))
     assert b.job_restarts == 3
     assert b.class_restarts == {"max_transient_restarts": 2}
+    assert b.failed_replicas == {"worker-1"}
 
 
 def test_budgets_accumulate_in_async_then_escalate() -> None:
     ft = _ft(execution_mode="async")
     b = Budgets()
     for n in range(1, 6):
-        d = decide_failure(ft, b, _failure("preemption"))
+        f = _failure("preemption")
+        d = decide_failure(ft, b, f)
         assert isinstance(d, RestartReplica), (n, d)
-        b = b.charged(d)
+        b = b.after(f, d)
         assert b.replica_restarts == {"worker-1": n}
         assert b.job_restarts == 0
-    b = b.charged(decide_failure(ft, b, _failure("preemption", replica="worker-2")))
+    f2 = _failure("preemption", replica="worker-2")
+    b = b.after(f2, decide_failure(ft, b, f2))
     assert b.replica_restarts == {"worker-1": 5, "worker-2": 1}
-    d = decide_failure(ft, b, _failure("preemption"))
+    f = _failure("preemption")
+    d = decide_failure(ft, b, f)
     assert isinstance(d, RestartJob)
-    b = b.charged(d)
+    b = b.after(f, d)
     assert b.job_restarts == 1
-    assert b.replica_restarts == {"worker-1": 5, "worker-2": 1}
+    # a new attempt: every replica has its own restarts back (Vertex: 5 per worker, per try)
+    assert b.replica_restarts == {}
+    d = decide_failure(ft, b, _failure("preemption"))
+    assert isinstance(d, RestartReplica)
 
 
-def test_charged_does_not_mutate() -> None:
+def test_after_does_not_mutate() -> None:
     b = Budgets()
-    d = decide_failure(_ft(), b, _failure("transient"))
-    b2 = b.charged(d)
+    f = _failure("transient")
+    d = decide_failure(_ft(), b, f)
+    b2 = b.after(f, d)
     assert b == Budgets()
-    assert b.class_restarts == {}
+    assert b.class_restarts == {} and b.same_error == {}
     assert b2 != b
 
 
 @pytest.mark.parametrize("decision", [Succeed("done"), Ignore("wait"), FailJob("1", "m", "r")])
-def test_charged_without_charges_is_identity(decision: Decision) -> None:
+def test_after_without_charges_counts_only_the_failure(decision: Decision) -> None:
     b = Budgets(job_restarts=2, replica_restarts={"w": 1}, class_restarts={"x": 1})
-    assert b.charged(decision) == b
+    f = _failure("preemption")
+    out = b.after(f, decision)
+    assert (out.job_restarts, out.replica_restarts, out.class_restarts) == (2, {"w": 1}, {"x": 1})
+    assert out.same_error == {f.same_error_key: 1}
+    assert out.failed_replicas == {"worker-1"}
+
+
+# ---------------------------------------------------------------- each budget's edge:
+# (history, failure) -> decision, with the last allowed retry and the first refused one
+
+
+def _history(ft: FaultTolerance, kinds: list[tuple[str, str]]) -> Budgets:
+    b = Budgets()
+    for kind, replica in kinds:
+        f = _failure(kind, replica=replica)
+        b = b.after(f, decide_failure(ft, b, f, world_size=10))
+    return b
+
+
+@pytest.mark.parametrize(
+    ("ft", "history", "failure", "expected", "why"),
+    [
+        # job budget: 3 restarts allowed, the 4th failure fails the job
+        ({}, [("preemption", "worker-1")] * 2, "preemption", RestartJob, "job_restarts 3/3"),
+        ({}, [("preemption", "worker-1")] * 3, "preemption", FailJob, "budget is spent (3/3)"),
+        # transient budget (3), with a larger job budget so only the class budget bites
+        (
+            {"max_num_of_job_restart": 9},
+            [("transient", "worker-1")] * 2,
+            "transient",
+            RestartJob,
+            "max_transient_restarts 3/3",
+        ),
+        (
+            {"max_num_of_job_restart": 9},
+            [("transient", "worker-1")] * 3,
+            "transient",
+            FailJob,
+            "max_transient_restarts is spent (3/3)",
+        ),
+        # same error on one replica: 10 allowed, the 11th fails
+        (
+            {"max_num_of_job_restart": "unlimited"},
+            [("preemption", "worker-1")] * 9,
+            "preemption",
+            RestartJob,
+            "same_error:worker-1:",
+        ),
+        (
+            {"max_num_of_job_restart": "unlimited"},
+            [("preemption", "worker-1")] * 10,
+            "preemption",
+            FailJob,
+            "hit the same error 11 times",
+        ),
+        # ... counted per replica: the same error on another replica does not add up
+        (
+            {"max_num_of_job_restart": "unlimited"},
+            [("preemption", "worker-2")] * 10,
+            "preemption",
+            RestartJob,
+            "same_error:worker-1:",
+        ),
+        # ... and 'unlimited' switches it off
+        (
+            {"max_num_of_job_restart": "unlimited", "max_num_of_same_error": "unlimited"},
+            [("preemption", "worker-1")] * 30,
+            "preemption",
+            RestartJob,
+            "job_restarts 31/unlimited",
+        ),
+        # failure rate 0.3 of 10 replicas: 3 failed replicas are tolerated, a 4th is not
+        (
+            {"max_num_of_job_restart": 9, "max_tolerated_failure_rate": 0.3},
+            [("preemption", "worker-2"), ("preemption", "worker-3")],
+            "preemption",
+            RestartJob,
+            "job_restarts 3/9",
+        ),
+        (
+            {"max_num_of_job_restart": 9, "max_tolerated_failure_rate": 0.3},
+            [("preemption", "worker-2"), ("preemption", "worker-3"), ("preemption", "worker-4")],
+            "preemption",
+            FailJob,
+            "4 of 10 replicas have failed",
+        ),
+        # ... a replica failing again is not a new failed replica
+        (
+            {"max_num_of_job_restart": 9, "max_tolerated_failure_rate": 0.3},
+            [("preemption", "worker-1")] * 5,
+            "preemption",
+            RestartJob,
+            "job_restarts 6/9",
+        ),
+        # async: 5 restarts of one worker, then the 6th failure restarts the job
+        (
+            {"execution_mode": "async"},
+            [("preemption", "worker-1")] * 4,
+            "preemption",
+            RestartReplica,
+            "replica_restarts:worker-1 5/5",
+        ),
+        (
+            {"execution_mode": "async"},
+            [("preemption", "worker-1")] * 5,
+            "preemption",
+            RestartJob,
+            "spent its 5 restarts",
+        ),
+        # async: after 3 job restarts (5 replica restarts before each) the job fails
+        (
+            {"execution_mode": "async", "max_num_of_same_error": 99},
+            [("preemption", "worker-1")] * 23,
+            "preemption",
+            FailJob,
+            "budget is spent (3/3)",
+        ),
+        (
+            {"execution_mode": "async", "max_num_of_same_error": 99},
+            [("preemption", "worker-1")] * 22,
+            "preemption",
+            RestartReplica,
+            "replica_restarts:worker-1 5/5",
+        ),
+    ],
+)
+def test_budget_edges(
+    ft: dict[str, Any], history: list[tuple[str, str]], failure: str, expected: type, why: str
+) -> None:
+    settings = _ft(**ft)
+    b = _history(settings, history)
+    d = decide_failure(settings, b, _failure(failure), world_size=10)
+    assert type(d) is expected, describe(d)
+    assert why in (describe(d) if not isinstance(d, FailJob) else d.reason)
 
 
 # ---------------------------------------------------------------- clean exits
@@ -431,20 +578,21 @@ def test_describe_restart_job_with_charges() -> None:
     d = decide_failure(_ft(), Budgets(), _failure("transient"))
     assert describe(d) == (
         "RestartJob: transient_exit is retryable (rule transient-signal-SIGSEGV) "
-        "[charged max_transient_restarts 1/3, job_restarts 1/3]"
+        "[charged same_error:worker-1:bc1e4bcc8704 1/10 (9 left), "
+        "max_transient_restarts 1/3 (2 left), job_restarts 1/3 (2 left)]"
     )
 
 
 def test_describe_mentions_job_restarts() -> None:
     d = decide_failure(_ft(), Budgets(job_restarts=1), _failure("preemption"))
-    assert "job_restarts 2/3" in describe(d)
+    assert "job_restarts 2/3 (1 left)" in describe(d)
 
 
 def test_describe_restart_replica() -> None:
     d = decide_failure(_ft(execution_mode="async"), Budgets(), _failure("preemption"))
     text = describe(d)
     assert text.startswith("RestartReplica(worker-1): ")
-    assert text.endswith("[charged replica_restarts:worker-1 1/5]")
+    assert text.endswith("replica_restarts:worker-1 1/5 (4 left)]")
 
 
 def test_describe_unlimited() -> None:
@@ -467,7 +615,7 @@ def test_describe_without_charges(decision: Decision, text: str) -> None:
 
 
 def test_charge_str() -> None:
-    assert str(Charge("job_restarts", 1, 3)) == "job_restarts 1/3"
+    assert str(Charge("job_restarts", 1, 3)) == "job_restarts 1/3 (2 left)"
     assert str(Charge("job_restarts", 4, "unlimited")) == "job_restarts 4/unlimited"
 
 
@@ -490,4 +638,4 @@ def test_direct_classification_internal_error_code() -> None:
     assert (d.error_code, d.message) == ("INTERNAL", INTERNAL_ERROR_MESSAGE)
     restart = decide_failure(_ft(), Budgets(), failure)
     assert isinstance(restart, RestartJob)
-    assert restart.charges == (Charge("max_internal_restarts", 1, 2), JOB_1)
+    assert _charges(restart) == (Charge("max_internal_restarts", 1, 2), JOB_1)

@@ -1,17 +1,30 @@
-"""Exit classification (R-CLS-1, R-CLS-2 for exit codes): pure, no processes, no clock.
+"""Failure classification (R-CLS-1, R-CLS-2): pure, no processes, no clock, no files.
 
-Every replica exit becomes a `Classification`: what kind of exit it was, which failure
-class it belongs to, whether it is worth a retry, and which rule said so.
+Every replica exit becomes a `Classification`: what kind of exit it was, its failure
+class, whether a retry can help, which rule said so on which log line, and a
+fingerprint for counting "the same error". The evidence is weighed in this order:
+
+1. the exit itself: a clean exit, a stop the master asked for, a command that never
+   started;
+2. the job's own retryable keywords, anywhere in the tail;
+3. a SIGKILL while the cgroup's OOM-kill counter rose: host OOM;
+4. the catalogue (signatures.yaml), first on the exception that closes the last
+   traceback, then on the lines from that traceback on (the whole tail if none),
+   newest first. A death by signal is not explained by a bug the log mentions;
+5. the exit code: SIGSEGV/SIGABRT are transient, SIGKILL/SIGTERM from outside are
+   preemption, anything else is a user error (a traceback names it).
 """
 
 from __future__ import annotations
 
-import re
 import signal
 from dataclasses import dataclass
 from enum import StrEnum
 
+from trainguard.fingerprint import fingerprint
+from trainguard.logtail import clean, exception_block
 from trainguard.signals import decode_returncode, signal_name
+from trainguard.signatures import Rules, Signature, first_match
 
 
 class ExitKind(StrEnum):
@@ -41,6 +54,8 @@ TRANSIENT_SIGNALS: frozenset[int] = frozenset({signal.SIGABRT, signal.SIGSEGV})
 EXTERNAL_KILL_SIGNALS: frozenset[int] = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT})
 """A kill the master did not send: preemption-like, so retryable."""
 
+INTERNAL_ERROR_MESSAGE = "Internal error occurred for the current attempt."
+
 
 @dataclass(frozen=True)
 class ExitEvidence:
@@ -65,40 +80,57 @@ class Classification:
     reason: str  # the termination reason of the message
     message: str  # the job's error message if this exit ends it
     matched_line: str | None = None
+    fingerprint: str | None = None
+    cascade: bool = False  # an error that usually follows another replica's death
+    hardware: bool = False  # points at a faulty device or node
 
     @property
     def is_failure(self) -> bool:
         return self.failure_class is not None
 
 
-_EXC_LINE = re.compile(
-    r"^([A-Za-z_][\w]*\.)*(Exception|[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
-)
-
-
-def last_exception(lines: tuple[str, ...]) -> str | None:
-    """The `KeyError: 'x'` line closing the last Python traceback in a log tail."""
-    seen_traceback = False
-    found: str | None = None
-    for raw in lines:
-        # exception groups (3.11+) draw their sub-tracebacks behind `| ` and `+-` rails
-        line = raw.strip().lstrip("|+ ").strip()
-        if "Traceback (most recent call last)" in line:
-            seen_traceback = True
-            found = None
-        elif seen_traceback and _EXC_LINE.match(line):
-            found = line
-    return found
-
-
-def _nonzero_message(replica: str, code: int, reason: str) -> str:
+def _message(replica: str, code: int, cls: FailureClass, reason: str) -> str:
+    if cls is FailureClass.HOST_OOM:
+        return (
+            f"The replica {replica} ran out of memory and exited with a non-zero status of {code}."
+        )
+    if cls is FailureClass.DEVICE_OOM:
+        return (
+            f"The replica {replica} ran out of GPU memory and exited with a non-zero status "
+            f"of {code}. Termination reason: {reason}."
+        )
     return (
         f"The replica {replica} exited with a non-zero status of {code}. "
         f"Termination reason: {reason}."
     )
 
 
-def classify_exit(ev: ExitEvidence) -> Classification:
+def _short(line: str, limit: int = 240) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def find_evidence(lines: tuple[str, ...], rules: Rules) -> tuple[Signature, str] | None:
+    """The signature that explains a log tail, and the line it matched (steps 2 and 4)."""
+    cleaned = [clean(x) for x in lines]
+    for line in reversed(cleaned):
+        sig = first_match(rules.user, line)
+        if sig is not None:
+            return sig, line
+    block = exception_block(lines)
+    if block is not None:
+        for line in block[2]:
+            sig = first_match(rules.catalogue, line)
+            if sig is not None:
+                return sig, line
+    start = block[0] if block is not None else 0
+    for line in reversed(cleaned[start:]):
+        sig = first_match(rules.catalogue, line)
+        if sig is not None:
+            return sig, line
+    return None
+
+
+def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """Classify one exit from its evidence alone."""
     if ev.returncode is None:
         why = ev.spawn_error or "the command could not be started"
@@ -111,6 +143,7 @@ def classify_exit(ev: ExitEvidence) -> Classification:
             None,
             why,
             f"The replica {ev.replica} could not be started: {why}.",
+            fingerprint=fingerprint(f"spawn:{why}"),
         )
     code, sig = decode_returncode(ev.returncode)
     sig_name = signal_name(sig) if sig is not None else None
@@ -122,54 +155,53 @@ def classify_exit(ev: ExitEvidence) -> Classification:
         return Classification(ExitKind.CLEAN, None, False, "clean-exit", 0, None, "", "")
 
     kind = ExitKind.SIGNAL if sig is not None else ExitKind.NONZERO
+    external = sig is not None and sig in EXTERNAL_KILL_SIGNALS
+    rules = rules or Rules.default()
+
+    def result(
+        cls: FailureClass,
+        retryable: bool,
+        rule: str,
+        reason: str,
+        line: str | None = None,
+        matched: Signature | None = None,
+    ) -> Classification:
+        return Classification(
+            kind,
+            cls,
+            retryable,
+            rule,
+            code,
+            sig_name,
+            reason,
+            _message(ev.replica, code, cls, reason),
+            matched_line=line,
+            fingerprint=fingerprint(f"{cls}:{line or reason}"),
+            cascade=bool(matched and matched.cascade),
+            hardware=bool(matched and matched.hardware),
+        )
+
     if sig == signal.SIGKILL and ev.oom_kills > 0:
-        return Classification(
-            kind,
-            FailureClass.HOST_OOM,
-            True,
-            "host-oom-cgroup",
-            code,
-            sig_name,
-            "OOMKilled",
-            f"The replica {ev.replica} ran out of memory and exited with a non-zero status "
-            f"of {code}.",
-        )
+        return result(FailureClass.HOST_OOM, False, "host-oom-cgroup", "OOMKilled")
+    evidence = find_evidence(ev.log_tail, rules)
+    if evidence is not None:
+        matched, line = evidence
+        cls = FailureClass(matched.failure_class)
+        # A Python bug ends in exit 1, not in a signal: a death by signal is not explained
+        # by an exception its log happens to mention (OOM or hardware text still counts).
+        if not (sig is not None and cls is FailureClass.USER_ERROR):
+            return result(cls, matched.retryable, matched.id, _short(line), line, matched)
     if sig is not None and sig in TRANSIENT_SIGNALS:
-        return Classification(
-            kind,
-            FailureClass.TRANSIENT_EXIT,
-            True,
-            f"transient-signal-{sig_name}",
-            code,
-            sig_name,
-            str(sig_name),
-            _nonzero_message(ev.replica, code, str(sig_name)),
+        return result(
+            FailureClass.TRANSIENT_EXIT, True, f"transient-signal-{sig_name}", str(sig_name)
         )
-    if sig is not None and sig in EXTERNAL_KILL_SIGNALS:
-        return Classification(
-            kind,
-            FailureClass.PREEMPTION,
-            True,
-            f"external-{sig_name}",
-            code,
-            sig_name,
-            f"{sig_name} (killed from outside trainguard)",
-            _nonzero_message(ev.replica, code, f"{sig_name} (killed from outside trainguard)"),
-        )
-    exc = last_exception(ev.log_tail)
-    reason = exc if exc else (str(sig_name) if sig_name else "Error")
-    rule = "python-traceback" if exc else ("other-signal" if sig_name else "nonzero-exit")
-    return Classification(
-        kind,
-        FailureClass.USER_ERROR,
-        False,
-        rule,
-        code,
-        sig_name,
-        reason,
-        _nonzero_message(ev.replica, code, reason),
-        matched_line=exc,
-    )
-
-
-INTERNAL_ERROR_MESSAGE = "Internal error occurred for the current attempt."
+    if external:
+        reason = f"{sig_name} (killed from outside trainguard)"
+        return result(FailureClass.PREEMPTION, True, f"external-{sig_name}", reason)
+    block = exception_block(ev.log_tail)
+    if block is not None:
+        line = block[2][0]
+        return result(FailureClass.USER_ERROR, False, "python-traceback", _short(line), line)
+    if sig_name is not None:
+        return result(FailureClass.USER_ERROR, False, "other-signal", sig_name)
+    return result(FailureClass.USER_ERROR, False, "nonzero-exit", "Error")

@@ -18,6 +18,13 @@ from typing import Any
 
 from trainguard import __version__
 from trainguard.errors import JobNotFound, SpecError, TrainguardError
+from trainguard.explain import (
+    aggregate,
+    classify_file,
+    print_aggregate,
+    print_classification,
+    print_explain,
+)
 from trainguard.ft_args import parse_ft_args
 from trainguard.liveness import master_alive, reap_interrupted
 from trainguard.spec import JobSpec, load_spec_file, validate_spec
@@ -72,11 +79,21 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (
         ("status", "a job's state, attempts and replicas"),
         ("records", "a job's restart records"),
+        ("explain", "why each failure of a job was (or was not) retried"),
         ("cancel", "cancel a running job"),
     ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("job", help="job id or name")
         sp.add_argument("--json", action="store_true")
+        if name == "records":
+            sp.add_argument("--aggregate", action="store_true", help="group faults by error")
+
+    cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
+    cl.add_argument("log", type=Path, help="a replica's log file")
+    cl.add_argument("--exit-code", help="the exit status (default 1); 139 means SIGSEGV")
+    cl.add_argument("--signal", help="or the signal that killed it, e.g. SIGKILL")
+    cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
+    cl.add_argument("--json", action="store_true")
 
     logs = sub.add_parser("logs", help="a replica's log")
     logs.add_argument("job", help="job id or name")
@@ -250,8 +267,31 @@ def cmd_status(args: argparse.Namespace, store: Store) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace, store: Store) -> int:
+    job = store.resolve_job(args.job)
+    failures = store.failures_of(job["id"])
+    if args.json:
+        _dump({"job": job_summary(job), "failures": failures})
+    else:
+        print_explain(job, failures)
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace, store: Store | None) -> int:
+    c = classify_file(args.log, args.exit_code, args.signal, args.retryable_error)
+    print_classification(c, args.json)
+    return 0
+
+
 def cmd_records(args: argparse.Namespace, store: Store) -> int:
     job = store.resolve_job(args.job)
+    if args.aggregate:
+        groups = aggregate(store.failures_of(job["id"]))
+        if args.json:
+            _dump(groups)
+        else:
+            print_aggregate(groups)
+        return 0
     rows = store.restarts_of(job["id"])
     if args.json:
         _dump(rows)
@@ -266,6 +306,8 @@ def cmd_records(args: argparse.Namespace, store: Store) -> int:
         )
         print(f"   message:  {r['error_message']}")
         print(f"   decision: {r['decision']}")
+        if r["cascade"]:
+            print(f"   cascade:  {r['cascade']} failed after it")
         phases = ", ".join(
             f"{k[:-3]} {r[k]:.0f} ms"
             for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
@@ -329,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     head, command = _split_command(argv)
     try:
         args = _parser().parse_args(head)
+        if args.cmd == "classify":
+            return cmd_classify(args, None)
         store = Store(Path(args.home).resolve() if args.home else None)
         if args.cmd == "run":
             command = command or [c for c in args.command if c != "--"]
@@ -340,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": cmd_jobs,
             "status": cmd_status,
             "records": cmd_records,
+            "explain": cmd_explain,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
         }[args.cmd]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 import traceback
@@ -44,8 +45,10 @@ from trainguard.policy import (
     decide_failure,
     describe,
     error_code,
+    root_cause,
 )
 from trainguard.recorder import Recorder
+from trainguard.signatures import Rules
 from trainguard.spec import JobSpec
 from trainguard.states import JobState, ReplicaState
 
@@ -122,6 +125,10 @@ class Master:
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
         self._pending: _PendingRestart | None = None
         self._cancel_count = 0
+        self._attempt_failures: list[Failure] = []
+        self._cascade: list[str] = []
+        self._decided_s = 0.0
+        self.keywords_dir = log_dir / "retryable-errors"
         self._background: set[asyncio.Future[None]] = set()
 
     # -------------------------------------------------------------- the loop
@@ -195,6 +202,7 @@ class Master:
                 role_world_size=self._role_sizes[plan.role],
             )
         )
+        env["TRAINGUARD_RETRYABLE_ERRORS_DIR"] = str(self.keywords_dir)
         return Launch(
             attempt=self.attempt,
             replica=plan.name,
@@ -212,6 +220,7 @@ class Master:
         addr, port = self._rendezvous
         self.rec.attempt_started(self.attempt, self.clock(), addr, port)
         self.outcome.attempts = self.attempt + 1
+        self._attempt_failures = []
         for rep in self.replicas.values():
             rep.state, rep.pid, rep.restarts, rep.run_id = ReplicaState.STARTING, None, 0, None
         if self._pending is not None:
@@ -278,9 +287,19 @@ class Master:
         for ev in keep:
             self._queue.put_nowait(ev)
 
+    def rules(self) -> Rules:
+        """The spec's retryable keywords, those the training code set at run time, ours."""
+        runtime: list[str] = []
+        for path in sorted(self.keywords_dir.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_text())
+                if isinstance(data, list):
+                    runtime += [str(x) for x in data]
+        return Rules.default(tuple(self.ft.retryable_errors), tuple(dict.fromkeys(runtime)))
+
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
-        c = classify_exit(ev.evidence)
         rep = self._current(ev.attempt, ev.replica, ev.restart)
+        c = classify_exit(ev.evidence, self.rules() if rep is not None else None)
         state = {
             ExitKind.CLEAN: ReplicaState.SUCCEEDED,
             ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
@@ -289,24 +308,13 @@ class Master:
         if run_id is None and ev.pid is None:  # never started: record the attempt to start
             run_id = self._record_spawn_failure(ev)
         if run_id is not None:
-            self.rec.run_ended(run_id, ev.time_s, c, state)
+            self.rec.run_ended(run_id, ev.time_s, c, state, ev.evidence.log_tail)
         if rep is None:
             return  # an exit of an earlier attempt or run, already dealt with
         rep.state = state
         rep.run_id = None
-        if c.kind is ExitKind.STOP_REQUESTED or not decide:
-            return
-        if self.state not in (JobState.PENDING, JobState.RUNNING):
-            return  # already restarting, cancelling or finished: this exit is a consequence
         failure: Failure | None = None
-        if c.kind is ExitKind.CLEAN:
-            decision = decide_clean_exit(
-                self.spec.success_policy,
-                ev.replica,
-                self.primary,
-                all(r.state is ReplicaState.SUCCEEDED for r in self.replicas.values()),
-            )
-        else:
+        if c.is_failure:
             failure = Failure(
                 replica=ev.replica,
                 role=rep.plan.role,
@@ -317,9 +325,57 @@ class Master:
                 classification=c,
                 log_tail=ev.evidence.log_tail,
             )
-            decision = decide_failure(self.ft, self.budgets, failure)
-            self.say(f"{ev.replica} failed: {c.message} -> {describe(decision)}")
+            self._attempt_failures.append(failure)
+        if c.kind is ExitKind.STOP_REQUESTED or not decide:
+            return
+        if self.state not in (JobState.PENDING, JobState.RUNNING):
+            return  # already restarting, cancelling or finished: this exit is a consequence
+        if failure is None:
+            decision = decide_clean_exit(
+                self.spec.success_policy,
+                ev.replica,
+                self.primary,
+                all(r.state is ReplicaState.SUCCEEDED for r in self.replicas.values()),
+            )
+        else:
+            decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
+            self._decided_s = self.clock()
+            if isinstance(decision, RestartJob | FailJob):
+                failure, decision = await self._take_root_cause(failure, decision)
+            self._record_failure(failure, decision)
+            self.say(f"{failure.replica} failed: {c.message} -> {describe(decision)}")
         await self._apply(decision, failure, ev.time_s)
+
+    async def _take_root_cause(
+        self, trigger: Failure, decision: Decision
+    ) -> tuple[Failure, Decision]:
+        """Stop the rest (the decision stops them anyway), then decide on the root cause.
+
+        A replica whose peer died often fails a moment later with a connection reset;
+        whichever exit is seen first, the earliest non-cascade failure is the cause.
+        """
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
+        root, _ = root_cause(self._attempt_failures)
+        if root is trigger:
+            return trigger, decision
+        return root, decide_failure(self.ft, self.budgets, root, len(self.replicas))
+
+    def _record_failure(self, root: Failure, decision: Decision) -> None:
+        """Charge the budgets and write a record for the root cause and each cascade."""
+        self.budgets = self.budgets.after(root, decision)
+        text = describe(decision)
+        self.rec.failure(root, root_cause=True, decision=text)
+        for f in self._attempt_failures:
+            if f is not root and f.attempt == root.attempt:
+                self.rec.failure(
+                    f,
+                    root_cause=False,
+                    decision=f"cascade of {root.replica}",
+                    cascade_of=root.replica,
+                )
+        self._cascade = [f.replica for f in self._attempt_failures if f is not root]
+        self._attempt_failures = []
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:
         return self.rec.run_started(
@@ -371,8 +427,7 @@ class Master:
 
     def _record_restart(self, decision: Decision, failure: Failure, seen_s: float) -> int:
         c = failure.classification
-        decided_s = self.clock()
-        self.budgets = self.budgets.charged(decision)
+        decided_s = self._decided_s
         self.outcome.restarts += 1
         return self.rec.restart(
             round=self.outcome.restarts,
@@ -385,15 +440,17 @@ class Master:
             rule=c.rule,
             decision=describe(decision),
             detect_ms=max(0.0, decided_s - seen_s) * 1000,
+            fingerprint=c.fingerprint,
+            matched_line=c.matched_line,
+            cascade=", ".join(self._cascade) or None,
         )
 
     async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
         record_id = self._record_restart(decision, failure, seen_s)
         self._transition(JobState.RESTARTING, describe(decision))
-        t0 = self.clock()
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)  # usually done
         await self._settle()
-        t1 = self.clock()
+        t0, t1 = self._decided_s, self.clock()
         self.rec.attempt_ended(self.attempt, t1, "restarted", failure.classification.message)
         self._pending = _PendingRestart(record_id, t1)
         await self._start_attempt()

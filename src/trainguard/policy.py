@@ -1,7 +1,18 @@
 """Fault-tolerance policy (R-POL-1..3, R-POL-5): pure decisions, as values.
 
-`decide_failure(ft, budgets, failure)` and `decide_clean_exit(...)` touch no process,
-file or clock. The master applies what they return; tests drive them by tables.
+`decide_failure(ft, budgets, failure, world_size)` and `decide_clean_exit(...)` touch
+no process, file or clock. The master applies what they return and then records the
+failure with `budgets.after(failure, decision)`; tests drive them by tables.
+
+The rules, in order, for a failure:
+1. not retryable (by the policy or the evidence) -> FailJob;
+2. more than `max_tolerated_failure_rate` of the replicas have failed -> FailJob;
+3. the same error (fingerprint) on this replica more than `max_num_of_same_error`
+   times -> FailJob;
+4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob;
+5. async mode and a `worker`: restart it alone while its `max_replica_restarts` last,
+   then the whole job;
+6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ from typing import Literal
 
 from trainguard.classify import Classification, FailureClass
 from trainguard.spec import (
+    UNLIMITED,
     ExecutionMode,
     FaultTolerance,
     FaultTolerantPolicy,
@@ -34,6 +46,10 @@ class Failure:
     classification: Classification
     log_tail: tuple[str, ...] = ()
 
+    @property
+    def same_error_key(self) -> str:
+        return f"{self.replica}:{self.classification.fingerprint}"
+
 
 @dataclass(frozen=True)
 class Charge:
@@ -44,26 +60,37 @@ class Charge:
     limit: Limit
 
     def __str__(self) -> str:
-        return f"{self.budget} {self.used}/{self.limit}"
+        if self.limit == UNLIMITED:
+            return f"{self.budget} {self.used}/unlimited"
+        return f"{self.budget} {self.used}/{self.limit} ({int(self.limit) - self.used} left)"
 
 
 @dataclass(frozen=True)
 class Budgets:
-    """How much of each budget a job has used so far (a value; charging makes a new one)."""
+    """What a job has used so far (a value: recording a failure makes a new one)."""
 
     job_restarts: int = 0
-    replica_restarts: dict[str, int] = field(default_factory=dict)
+    replica_restarts: dict[str, int] = field(default_factory=dict)  # in the current attempt
     class_restarts: dict[str, int] = field(default_factory=dict)
+    same_error: dict[str, int] = field(default_factory=dict)  # "replica:fingerprint" -> count
+    failed_replicas: frozenset[str] = frozenset()
 
-    def charged(self, decision: Decision) -> Budgets:
-        out = self
+    def after(self, failure: Failure, decision: Decision) -> Budgets:
+        """The budgets once `failure` happened and `decision` was taken on it."""
+        key = failure.same_error_key
+        out = replace(
+            self,
+            same_error={**self.same_error, key: self.same_error.get(key, 0) + 1},
+            failed_replicas=self.failed_replicas | {failure.replica},
+        )
         for c in getattr(decision, "charges", ()):
             if c.budget == "job_restarts":
-                out = replace(out, job_restarts=c.used)
+                # a new attempt: every replica gets its own restarts back (the Vertex rule)
+                out = replace(out, job_restarts=c.used, replica_restarts={})
             elif c.budget.startswith("replica_restarts:"):
                 name = c.budget.split(":", 1)[1]
                 out = replace(out, replica_restarts={**out.replica_restarts, name: c.used})
-            else:
+            elif not c.budget.startswith("same_error:"):
                 out = replace(out, class_restarts={**out.class_restarts, c.budget: c.used})
         return out
 
@@ -165,21 +192,42 @@ def _job_restart(
     return RestartJob(why, (*extra, charge))
 
 
-def decide_failure(ft: FaultTolerance, b: Budgets, failure: Failure) -> Decision:
+def decide_failure(
+    ft: FaultTolerance, b: Budgets, failure: Failure, world_size: int = 1
+) -> Decision:
     """What to do about one replica's failure (the root cause, not its cascade)."""
     c = failure.classification
     retry, why = _is_retryable(ft, c)
     if not retry:
         return _fail(failure, why)
 
-    extra: tuple[Charge, ...] = ()
+    rate = ft.max_tolerated_failure_rate
+    failed = len(b.failed_replicas | {failure.replica})
+    if rate is not None and failed / max(1, world_size) > rate:
+        return _fail(
+            failure,
+            f"{why}; but {failed} of {world_size} replicas have failed, "
+            f"more than max_tolerated_failure_rate {rate:g}",
+        )
+
+    same = b.same_error.get(failure.same_error_key, 0) + 1
+    if ft.max_num_of_same_error != UNLIMITED and same > ft.max_num_of_same_error:
+        return _fail(
+            failure,
+            f"{why}; but {failure.replica} hit the same error {same} times "
+            f"(max_num_of_same_error {ft.max_num_of_same_error})",
+        )
+    extra: tuple[Charge, ...] = (
+        Charge(f"same_error:{failure.same_error_key}", same, ft.max_num_of_same_error),
+    )
+
     budget_field = _CLASS_BUDGET.get(c.failure_class) if c.failure_class else None
     if budget_field is not None:
         limit: Limit = getattr(ft, budget_field)
         used = b.class_restarts.get(budget_field, 0)
         if not limit_allows(limit, used):
             return _fail(failure, f"{why}; but {budget_field} is spent ({used}/{limit})")
-        extra = (Charge(budget_field, used + 1, limit),)
+        extra = (*extra, Charge(budget_field, used + 1, limit))
 
     if ft.execution_mode is ExecutionMode.ASYNC and failure.role in _ASYNC_ALONE_ROLES:
         key = f"replica_restarts:{failure.replica}"
@@ -203,3 +251,15 @@ def decide_clean_exit(
     if all_succeeded:
         return Succeed("every replica exited 0")
     return Ignore(f"{replica} exited 0; waiting for the other replicas")
+
+
+def root_cause(failures: list[Failure]) -> tuple[Failure, list[Failure]]:
+    """The earliest failure that is not a typical cascade (else the earliest), and the rest.
+
+    When one replica dies, its peers often fail next with connection resets or
+    collective errors; those are its cascade, and the decision is taken on the root.
+    """
+    ordered = sorted(failures, key=lambda f: f.time_s)
+    roots = [f for f in ordered if not f.classification.cascade] or ordered
+    root = roots[0]
+    return root, [f for f in ordered if f is not root]

@@ -7,8 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.classify import Classification
+from trainguard.policy import Failure
 from trainguard.states import JobState, ReplicaState
-from trainguard.store import Store, attempts, jobs, replica_runs, restart_records, spec_json
+from trainguard.store import (
+    Store,
+    attempts,
+    failure_records,
+    jobs,
+    replica_runs,
+    restart_records,
+    spec_json,
+)
 
 NODE = socket.gethostname()
 
@@ -80,7 +89,14 @@ class Recorder:
             log_path=str(log_path),
         )
 
-    def run_ended(self, run_id: int, at_s: float, c: Classification, state: ReplicaState) -> None:
+    def run_ended(
+        self,
+        run_id: int,
+        at_s: float,
+        c: Classification,
+        state: ReplicaState,
+        tail: tuple[str, ...] = (),
+    ) -> None:
         self.store.update_row(
             replica_runs,
             run_id,
@@ -92,6 +108,36 @@ class Recorder:
             message=c.message or None,
             stop_requested=c.kind == "stop_requested",
             ended_at_s=at_s,
+            fingerprint=c.fingerprint,
+            tail="\n".join(tail) if tail else None,
+        )
+
+    def failure(
+        self,
+        f: Failure,
+        *,
+        root_cause: bool,
+        decision: str,
+        cascade_of: str | None = None,
+    ) -> None:
+        c = f.classification
+        self.store.insert(
+            failure_records,
+            job_id=self.job_id,
+            attempt=f.attempt,
+            replica=f.replica,
+            at_s=f.time_s,
+            exit_code=c.exit_code,
+            signal=c.signal,
+            failure_class=c.failure_class.value if c.failure_class else None,
+            retryable=c.retryable,
+            rule=c.rule,
+            matched_line=c.matched_line,
+            fingerprint=c.fingerprint,
+            message=c.message,
+            root_cause=root_cause,
+            cascade_of=cascade_of,
+            decision=decision,
         )
 
     def restart(self, **values: Any) -> int:

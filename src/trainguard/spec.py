@@ -122,6 +122,9 @@ class FaultTolerance(_Model):
     max_capacity_restarts: Limit = 3
     max_internal_restarts: Limit = 2
     stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
+    # The job's own retryable errors: regexes (or plain keywords) searched in the log
+    # tail of a failed replica, before the built-in catalogue.
+    retryable_errors: list[str] = Field(default_factory=list)
     enable_job_hang_detection: bool = False
     job_hang_interval: int = Field(default=1800, gt=0)
     enable_job_exit_hang_detection: bool = False

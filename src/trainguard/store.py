@@ -29,7 +29,9 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
@@ -90,6 +92,8 @@ replica_runs = Table(
     Column("started_at_s", Float, nullable=False),
     Column("ended_at_s", Float),
     Column("log_path", Text),
+    Column("fingerprint", String(16)),
+    Column("tail", Text),  # the last lines it printed: what classification read
 )
 
 transitions = Table(
@@ -123,6 +127,31 @@ restart_records = Table(
     Column("schedule_ms", Float),
     Column("start_ms", Float),
     Column("first_output_ms", Float),
+    Column("fingerprint", String(16)),
+    Column("matched_line", Text),
+    Column("cascade", Text),  # the replicas whose failures followed this one
+)
+
+# Every classified failure, root causes and their cascades alike (`trainguard explain`).
+failure_records = Table(
+    "failure_records",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("replica", String(64), nullable=False),
+    Column("at_s", Float, nullable=False),
+    Column("exit_code", Integer),
+    Column("signal", String(16)),
+    Column("failure_class", String(32)),
+    Column("retryable", Boolean),
+    Column("rule", String(64)),
+    Column("matched_line", Text),
+    Column("fingerprint", String(16)),
+    Column("message", Text),
+    Column("root_cause", Boolean, nullable=False),
+    Column("cascade_of", String(64)),  # the root cause's replica, for a cascade
+    Column("decision", Text),
 )
 
 
@@ -154,13 +183,27 @@ class Store:
                 # Two commands opening a new store at once must not both create tables.
                 with open(self.home / "trainguard.lock", "a") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                    metadata.create_all(self.engine)
+                    self._create_schema()
             else:
-                metadata.create_all(self.engine)
+                self._create_schema()
         except (OSError, SQLAlchemyError) as exc:
             raise StoreError(
                 f"cannot open the trainguard store at {url or self.home}: {exc}"
             ) from None
+
+    def _create_schema(self) -> None:
+        """Create missing tables, and add columns that a newer trainguard defines (all nullable)."""
+        metadata.create_all(self.engine)
+        found = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in metadata.sorted_tables:
+                have = {c["name"] for c in found.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name not in have:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        conn.execute(
+                            text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
+                        )
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -296,6 +339,13 @@ class Store:
     def transitions_of(self, job_id: str) -> list[dict[str, Any]]:
         return self._rows(
             select(transitions).where(transitions.c.job_id == job_id).order_by(transitions.c.id)
+        )
+
+    def failures_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(failure_records)
+            .where(failure_records.c.job_id == job_id)
+            .order_by(failure_records.c.id)
         )
 
     def restarts_of(self, job_id: str) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, TextIO
 
@@ -27,10 +26,9 @@ from trainguard.backends.base import (
     ReplicaStarted,
 )
 from trainguard.classify import ExitEvidence
+from trainguard.logtail import MAX_LINE, Tail
 from trainguard.oom import oom_kill_count
 
-TAIL_LINES = 200
-MAX_LINE = 4096
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +50,15 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
+def _already_exited(pid: int) -> bool:
+    """True if the child has exited but is not yet reaped (peek without reaping)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -66,7 +73,7 @@ class _Run:
         self.log = log
         self.pid = 0
         self.transport: asyncio.SubprocessTransport | None = None
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.tail = Tail()
         self.partial = b""
         self.stop_requested = False
         self.first_output = False
@@ -198,7 +205,7 @@ class LocalBackend:
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         run = self._runs.get(replica)
-        return tuple(run.tail) if run else ()
+        return run.tail.lines() if run else ()
 
     # -------------------------------------------------------------- exit
 
@@ -222,7 +229,7 @@ class LocalBackend:
             replica=launch.replica,
             returncode=returncode,
             stop_requested=run.stop_requested,
-            log_tail=tuple(run.tail),
+            log_tail=run.tail.lines(),
             oom_kills=max(0, oom_kill_count() - run.oom_before),
         )
         run.done.set()
@@ -242,7 +249,9 @@ class LocalBackend:
         if not runs:
             return
         for run in runs:
-            run.stop_requested = True
+            # One that already died on its own (a zombie not yet reaped) keeps its own
+            # exit: it may be the root cause, and is not the master's doing.
+            run.stop_requested = not _already_exited(run.pid)
             self._killpg(run, signal.SIGTERM)
         waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
         _, pending = await asyncio.wait(waits, timeout=grace_s)

@@ -1,0 +1,122 @@
+"""The catalogue of failure signatures (R-CLS-3): data in `signatures.yaml`, not code.
+
+`Rules` bundles the built-in catalogue with a job's own retryable keywords; user
+keywords are checked first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+_CLASSES = frozenset(
+    {
+        "user_error",
+        "host_oom",
+        "device_oom",
+        "retryable_message",
+        "insufficient_capacity",
+        "preemption",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    pattern: re.Pattern[str]
+    failure_class: str
+    retryable: bool
+    reason: str
+    cascade: bool = False
+    hardware: bool = False
+
+
+def _compile(entry: Any, where: str) -> Signature:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a mapping")
+    missing = {"id", "pattern", "class", "retryable", "reason"} - entry.keys()
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(sorted(missing))}")
+    if entry["class"] not in _CLASSES:
+        raise ValueError(f"{where} ({entry['id']}): unknown class {entry['class']!r}")
+    try:
+        pattern = re.compile(str(entry["pattern"]), re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"{where} ({entry['id']}): bad pattern: {exc}") from None
+    return Signature(
+        id=str(entry["id"]),
+        pattern=pattern,
+        failure_class=str(entry["class"]),
+        retryable=bool(entry["retryable"]),
+        reason=str(entry["reason"]),
+        cascade=bool(entry.get("cascade", False)),
+        hardware=bool(entry.get("hardware", False)),
+    )
+
+
+def parse_catalogue(text: str) -> tuple[Signature, ...]:
+    data = yaml.safe_load(text)
+    entries = data.get("signatures") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("the catalogue must have a list under `signatures`")
+    sigs = tuple(_compile(e, f"signatures[{i}]") for i, e in enumerate(entries))
+    ids = [s.id for s in sigs]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ValueError(f"duplicate signature ids: {sorted(dup)}")
+    return sigs
+
+
+@cache
+def builtin_catalogue() -> tuple[Signature, ...]:
+    text = resources.files("trainguard").joinpath("signatures.yaml").read_text()
+    return parse_catalogue(text)
+
+
+def user_signatures(keywords: tuple[str, ...], source: str) -> tuple[Signature, ...]:
+    """A job's own retryable keywords (regexes), as signatures checked before the catalogue."""
+    out = []
+    for i, kw in enumerate(keywords):
+        try:
+            pattern = re.compile(kw, re.IGNORECASE)
+        except re.error:
+            pattern = re.compile(re.escape(kw), re.IGNORECASE)
+        out.append(
+            Signature(
+                id=f"{source}-{i}",
+                pattern=pattern,
+                failure_class="retryable_message",
+                retryable=True,
+                reason=f"matches the retryable keyword {kw!r} ({source})",
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What classification matches log lines against: the user's keywords, then ours."""
+
+    user: tuple[Signature, ...] = ()
+    catalogue: tuple[Signature, ...] = ()
+
+    @classmethod
+    def default(cls, keywords: tuple[str, ...] = (), runtime: tuple[str, ...] = ()) -> Rules:
+        return cls(
+            user=user_signatures(keywords, "spec-keyword")
+            + user_signatures(runtime, "runtime-keyword"),
+            catalogue=builtin_catalogue(),
+        )
+
+
+def first_match(sigs: tuple[Signature, ...], line: str) -> Signature | None:
+    for sig in sigs:
+        if sig.pattern.search(line):
+            return sig
+    return None
