@@ -38,6 +38,9 @@ def _args() -> argparse.Namespace:
         help="demo fault: on the first attempt only, rank --crash-rank SIGKILLs itself here",
     )
     p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument(
+        "--bug-at-step", type=int, help="demo fault: rank --crash-rank hits a KeyError here"
+    )
     return p.parse_args()
 
 
@@ -93,6 +96,9 @@ def main() -> None:
         if step == args.crash_at_step and rank == args.crash_rank and restart == 0:
             print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.bug_at_step and rank == args.crash_rank:
+            config: dict[str, float] = {}
+            print(f"learning rate {config['lr']}")  # a bug: raises KeyError
         if step % args.ckpt_every == 0 and rank == 0:
             state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
             _save_atomic(state, ckpt)

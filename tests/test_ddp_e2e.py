@@ -72,3 +72,28 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(tmp_path: Path) -
     assert _same_weights(tmp_path / "base.pt", tmp_path / "faulty.pt")
     print(f"recovered; restart record phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")
     assert t_kill > 0
+
+
+def test_a_bug_on_one_rank_fails_the_job_once_whatever_its_peer_prints(tmp_path: Path) -> None:
+    """Rank 1 hits a KeyError; rank 0, mid-allreduce, fails with a gloo connection error.
+
+    The KeyError is the root cause, whichever exit is seen first: no retry is wasted.
+    """
+    tg = TG(tmp_path / "home")
+    argv = _train(tg, tmp_path / "ck", tmp_path / "out.pt")
+    res = tg(*argv, "--bug-at-step", "20", timeout=300)
+    assert res.returncode == 1, res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"], job["restarts"]) == ("FAILED", 1, 0)
+    assert "KeyError: 'lr'" in job["error_message"]
+    assert job["error_message"].startswith(
+        "The replica worker-1 exited with a non-zero status of 1"
+    )
+    explained = tg.json("explain", job["id"])["failures"]
+    root = [f for f in explained if f["root_cause"]]
+    assert [(f["replica"], f["failure_class"], f["rule"]) for f in root] == [
+        ("worker-1", "user_error", "python-bug")
+    ]
+    for f in explained:
+        if not f["root_cause"]:  # rank 0 failed on its own before it was stopped
+            assert (f["cascade_of"], f["retryable"]) == ("worker-1", True)

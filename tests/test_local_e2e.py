@@ -274,3 +274,83 @@ def test_master_sigkill_leaves_no_orphan_and_marks_the_job_interrupted(
     assert job["state"] == "INTERRUPTED"
     assert "interrupted" in job["error_message"]
     assert all(r["ended_at_s"] is not None for r in job["replicas"])
+
+
+# ---------------------------------------------------------------- log-aware classification
+
+NCCL_TIMEOUT = (
+    "[E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=88, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600046 milliseconds "
+    "before timing out."
+)
+
+
+def test_an_nccl_style_timeout_with_exit_1_is_retried(tg: TG) -> None:
+    rc, err = run(tg, actions=(f"1@0:print:{NCCL_TIMEOUT}", "1@0:exit:1", "*:sleep:0.2"))
+    assert rc == 0, err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    (f,) = tg.json("explain", job["id"])["failures"]
+    assert (f["failure_class"], f["rule"], f["retryable"]) == (
+        "retryable_message",
+        "collective-timeout",
+        True,
+    )
+    assert "Watchdog caught collective operation timeout" in f["matched_line"]
+
+
+@pytest.mark.parametrize("how", ["spec", "sdk"])
+def test_the_jobs_own_keywords_make_an_error_retryable(tg: TG, how: str) -> None:
+    flags = ("--retryable-error", "flaky thing \\d+") if how == "spec" else ()
+    before = ("1@0:keyword:flaky thing \\d+",) if how == "sdk" else ()
+    rc, err = run(
+        tg, *flags, actions=(*before, "1@0:print:my flaky thing 42", "1@0:exit:1", "*:sleep:0.2")
+    )
+    assert rc == 0, err
+    (f,) = tg.json("explain", tg.only_job()["id"])["failures"]
+    rule = "spec-keyword-0" if how == "spec" else "runtime-keyword-0"
+    assert (f["rule"], f["retryable"]) == (rule, True)
+
+
+def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
+    tg: TG, tmp_path: Path
+) -> None:
+    pids = tmp_path / "pid"
+    res = tg(
+        "run",
+        "--quiet",
+        "--nproc-per-node",
+        "4",
+        "--execution-mode",
+        "async",
+        "--max-restarts",
+        "1",
+        "--max-num-of-same-error",
+        "100",
+        "--",
+        *child(
+            f"*:pidfile:{pids}.a{{attempt}}",
+            "2:print:NCCL WARN socketProgress: Connection closed by remote peer",
+            "2:print:ncclSystemError: System call (e.g. socket, malloc) failed",
+            "2:exit:1",
+            "*:sleep:30",
+        ),
+        timeout=120,
+    )
+    assert res.returncode == 1, res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("FAILED", 2)
+    decisions = [r["decision"].split(":")[0] for r in tg.json("records", job["id"])]
+    replica_restart = "RestartReplica(worker-2)"
+    assert decisions == [replica_restart] * 5 + ["RestartJob"] + [replica_restart] * 5
+    # the other workers kept running through worker-2's restarts: one run each per attempt
+    from trainguard.store import Store
+
+    runs = Store(tg.home).runs_of(job["id"], attempt=0)
+    per_replica = {
+        name: sum(r["replica"] == name for r in runs) for name in ("worker-0", "worker-2")
+    }
+    assert per_replica == {"worker-0": 1, "worker-2": 6}
+    assert "The replica worker-2 exited with a non-zero status of 1" in job["error_message"]
+    groups = tg.json("records", job["id"], "--aggregate")
+    assert groups[0]["count"] == 12 and groups[0]["replicas"] == ["worker-2"]

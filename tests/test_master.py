@@ -223,3 +223,58 @@ def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) 
     assert store.job("job-1")["error_code"] == "INTERNAL"
     assert "backend exploded" in (tmp_path / "logs" / "master-error.log").read_text()
     assert be.closed
+
+
+def test_root_cause_is_the_earliest_non_cascade_failure(tmp_path: Path) -> None:
+    """The cascade (a connection reset) is seen first; the KeyError that caused it wins."""
+
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        w0, w1 = be.live.pop("worker-0"), be.live.pop("worker-1")
+        reset = ("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer",)
+        bug = ("Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'lr'")
+        be.emit(
+            ReplicaExited(0, "worker-0", 0, 1, ExitEvidence("worker-0", 1, log_tail=reset), 2.0)
+        )
+        be.emit(ReplicaExited(0, "worker-1", 0, 2, ExitEvidence("worker-1", 1, log_tail=bug), 1.9))
+        assert (w0.replica, w1.replica) == ("worker-0", "worker-1")
+        await drain(m)
+        assert m.state is JobState.FAILED
+        assert m.outcome.error_message == (
+            "The replica worker-1 exited with a non-zero status of 1. "
+            "Termination reason: KeyError: 'lr'."
+        )
+        failures = store.failures_of("job-1")
+        assert [(f["replica"], f["root_cause"], f["cascade_of"]) for f in failures] == [
+            ("worker-1", True, None),
+            ("worker-0", False, "worker-1"),
+        ]
+        assert store.restarts_of("job-1") == []
+
+    asyncio.run(scenario())
+
+
+def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        be.exit("worker-0", -9)  # killed from outside
+        reset = ("RuntimeError: Connection reset by peer",)
+        launch = be.live.pop("worker-1")
+        ev = ExitEvidence("worker-1", 1, log_tail=reset)
+        be.emit(ReplicaExited(launch.attempt, "worker-1", 0, 2, ev, 2.5))
+        await drain(m)
+        assert m.state is JobState.RUNNING and m.attempt == 1
+        (rec,) = store.restarts_of("job-1")
+        assert (rec["replica"], rec["failure_class"], rec["cascade"]) == (
+            "worker-0",
+            "preemption",
+            "worker-1",
+        )
+
+    asyncio.run(scenario())

@@ -44,6 +44,8 @@ _FT_FLAGS = {
     "max_num_of_job_restart": "--max-restarts",
     "max_replica_restarts": "--max-replica-restarts",
     "max_transient_restarts": "--max-transient-restarts",
+    "max_num_of_same_error": "--max-num-of-same-error",
+    "max_tolerated_failure_rate": "--max-tolerated-failure-rate",
     "stop_grace_period_s": "--stop-grace-period",
 }
 
@@ -66,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--framework", help="pytorch (default) or generic")
     run.add_argument("--success-policy", help="chief (default) or all")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
+    run.add_argument(
+        "--retryable-error",
+        action="append",
+        dest="retryable_errors",
+        metavar="REGEX",
+        help="fault_tolerance.retryable_errors: a log text worth a retry (repeatable)",
+    )
     for field, flag in _FT_FLAGS.items():
         run.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
     run.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
@@ -164,6 +173,8 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         value = getattr(args, field)
         if value is not None:
             ft[field] = value
+    if args.retryable_errors:
+        ft["retryable_errors"] = [*ft.get("retryable_errors", []), *args.retryable_errors]
     data["fault_tolerance"] = ft
     for key in ("name", "framework", "success_policy"):
         if getattr(args, key) is not None:

@@ -13,7 +13,12 @@ MAX_LINE = 4096
 # "[rank3]: ", "[default0]:", "[worker-1]: " as launchers prefix lines; a timestamp-free view.
 _PREFIX = re.compile(r"^(\s*\[[\w.:-]+\]:\s?)+")
 _EXC_LINE = re.compile(
-    r"^([A-Za-z_]\w*\.)*(Exception|[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
+    r"^([A-Za-z_]\w*\.)*(Exception|_*[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
+)
+# Lines that chain one traceback to the next: the cause comes first.
+_CHAINS = (
+    "During handling of the above exception, another exception occurred",
+    "The above exception was the direct cause of the following exception",
 )
 
 
@@ -43,7 +48,10 @@ def clean(line: str) -> str:
 
 
 def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
-    """(traceback start, exception index, lines) of the last Python traceback in a tail.
+    """(chain start, exception index, lines) of the last Python traceback in a tail.
+
+    The chain start is the first traceback of the last chain ("During handling of the
+    above exception..."), where the original cause is told.
 
     The block is the `KeyError: 'x'` line and the lines of its message that follow it,
     up to the next blank line or the end (an exception message may span lines).
@@ -51,9 +59,14 @@ def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
     cleaned = [clean(x) for x in lines]
     start: int | None = None
     found: int | None = None
+    chained = False
     for i, line in enumerate(cleaned):
-        if "Traceback (most recent call last)" in line:
-            start, found = i, None
+        if line.startswith(_CHAINS):
+            chained = True
+        elif "Traceback (most recent call last)" in line:
+            if not chained:
+                start = i  # a new chain; a chained traceback keeps its cause's start
+            found, chained = None, False
         elif start is not None and found is None and _EXC_LINE.match(line):
             found = i
     if found is None:

@@ -4,7 +4,7 @@
     WHO   *  every rank | N  rank N | N@A  rank N on attempt A only | *@A
     VERB  print:TEXT  sleep:SECONDS  exit:CODE  signal:NAME  raise:EXCEPTION
           pidfile:PATH (write own pid to PATH.<rank>)  forever (sleep until killed)
-          trap-term (ignore SIGTERM)
+          trap-term (ignore SIGTERM)  keyword:REGEX (sdk.set_retryable_errors)
           spawn-child (start a grandchild in the same group that sleeps forever)
 
 Actions run in order; a replica that runs out of actions exits 0.
@@ -46,6 +46,10 @@ for action in sys.argv[1:]:
         raise {"KeyError": KeyError, "ValueError": ValueError}[arg]("boom")
     elif verb == "trap-term":  # ignore the master's SIGTERM: only SIGKILL ends it
         signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
+    elif verb == "keyword":  # the SDK's set_retryable_errors, from inside the replica
+        from trainguard import sdk
+
+        sdk.set_retryable_errors([arg])
     elif verb == "pidfile":
         with open(f"{arg}.{rank}", "w") as fh:
             fh.write(str(os.getpid()))
