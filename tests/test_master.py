@@ -220,6 +220,9 @@ def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) 
     outcome = asyncio.run(m.run())
     assert outcome.state is JobState.FAILED
     assert outcome.error_message == INTERNAL_ERROR_MESSAGE
+    # retried twice (3 attempts in all), as Vertex does with internal errors
+    assert (outcome.attempts, outcome.restarts) == (3, 2)
+    assert [r["failure_class"] for r in store.restarts_of("job-1")] == ["internal"] * 2
     assert store.job("job-1")["error_code"] == "INTERNAL"
     assert "backend exploded" in (tmp_path / "logs" / "master-error.log").read_text()
     assert be.closed

@@ -205,3 +205,19 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
     if sig_name is not None:
         return result(FailureClass.USER_ERROR, False, "other-signal", sig_name)
     return result(FailureClass.USER_ERROR, False, "nonzero-exit", "Error")
+
+
+def internal_failure(exc: BaseException) -> Classification:
+    """A fault of trainguard or its backend, not of the job (retried twice, as Vertex)."""
+    reason = f"{type(exc).__name__}: {exc}"
+    return Classification(
+        ExitKind.NONZERO,
+        FailureClass.INTERNAL,
+        True,
+        "internal-error",
+        None,
+        None,
+        reason,
+        INTERNAL_ERROR_MESSAGE,
+        fingerprint=fingerprint(f"internal:{type(exc).__name__}"),
+    )

@@ -30,6 +30,7 @@ from trainguard.classify import (
     ExitKind,
     FailureClass,
     classify_exit,
+    internal_failure,
 )
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
 from trainguard.policy import (
@@ -153,12 +154,17 @@ class Master:
         await self._start_attempt()
 
     async def run(self) -> Outcome:
+        self.backend.bind(self.post)
+        need_attempt = True
         try:
-            await self.begin()
             while not self.state.is_terminal:
-                await self.step(await self._queue.get())
-        except Exception as exc:  # a fault of trainguard itself, not of the job
-            await self._internal_error(exc)
+                try:
+                    if need_attempt:
+                        need_attempt = False
+                        await self._start_attempt()
+                    await self.step(await self._queue.get())
+                except Exception as exc:  # a fault of trainguard itself, not of the job
+                    need_attempt = await self._internal_error(exc)
         finally:
             await self.backend.close()
             await self._settle()
@@ -479,17 +485,42 @@ class Master:
         self.rec.attempt_ended(self.attempt, self.clock(), "cancelled", ev.reason)
         self._transition(JobState.CANCELLED, "every replica stopped")
 
-    async def _internal_error(self, exc: Exception) -> None:
+    async def _internal_error(self, exc: Exception) -> bool:
+        """A fault of trainguard or its backend: retried as Vertex does (2 more attempts).
+
+        Returns True when a new attempt should start.
+        """
         detail = "".join(traceback.format_exception(exc))
-        try:
+        with contextlib.suppress(OSError):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_dir / "master-error.log", "a") as fh:
                 fh.write(detail)
-        except OSError:
-            pass
         self.say(f"internal error: {exc!r} (details in {self.log_dir / 'master-error.log'})")
-        with contextlib.suppress(Exception):  # already failing; close() is the last resort
-            await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        failure = Failure(
+            replica="master",
+            role="master",
+            rank=-1,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            time_s=self.clock(),
+            classification=internal_failure(exc),
+        )
+        decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
+        self._decided_s = self.clock()
+        try:
+            with contextlib.suppress(Exception):  # already failing; close() is the last resort
+                await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+            await self._settle()
+            self._attempt_failures = []
+            self._record_failure(failure, decision)
+            if isinstance(decision, RestartJob) and not self.state.is_terminal:
+                record_id = self._record_restart(decision, failure, failure.time_s)
+                self._transition(JobState.RESTARTING, describe(decision))
+                self.rec.attempt_ended(self.attempt, self.clock(), "internal error", repr(exc))
+                self._pending = _PendingRestart(record_id, self.clock())
+                return True
+        except Exception:  # the store itself may be what failed
+            pass
         self.outcome.error_code, self.outcome.error_message = "INTERNAL", INTERNAL_ERROR_MESSAGE
         if not self.state.is_terminal:
             try:
@@ -501,6 +532,7 @@ class Master:
                 )
             except Exception:
                 self.state = self.outcome.state = JobState.FAILED
+        return False
 
 
 def _source(c: Classification) -> str:
