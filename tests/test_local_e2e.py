@@ -354,3 +354,28 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
     assert "The replica worker-2 exited with a non-zero status of 1" in job["error_message"]
     groups = tg.json("records", job["id"], "--aggregate")
     assert groups[0]["count"] == 12 and groups[0]["replicas"] == ["worker-2"]
+
+
+def test_a_second_ctrl_c_stops_without_waiting_for_the_grace(tg: TG, tmp_path: Path) -> None:
+    pids = tmp_path / "pid"
+    proc = tg.start(
+        "run",
+        "--quiet",
+        "--nproc",
+        "2",
+        "--stop-grace-period",
+        "60",
+        "--",
+        *child("*:trap-term", f"*:pidfile:{pids}", "*:forever"),
+    )
+    for r in (0, 1):
+        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")
+    job_id = tg.json("jobs")[0]["id"]
+    wait_for(lambda: tg.json("status", job_id)["state"] == "RUNNING", what="RUNNING")
+    os.kill(proc.pid, signal.SIGINT)
+    wait_for(lambda: tg.json("status", job_id)["state"] == "CANCELLING", what="CANCELLING")
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert time.monotonic() - t0 < 30  # not the 60 s grace
+    assert tg.json("status", job_id)["state"] == "CANCELLED"

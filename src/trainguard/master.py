@@ -130,7 +130,8 @@ class Master:
         self._cascade: list[str] = []
         self._decided_s = 0.0
         self.keywords_dir = log_dir / "retryable-errors"
-        self.rules()  # load the catalogue now, not on the first failure        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
+        self.rules()  # load the catalogue now, not on the first failure
 
     # -------------------------------------------------------------- the loop
 
