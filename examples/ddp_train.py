@@ -41,6 +41,11 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--bug-at-step", type=int, help="demo fault: rank --crash-rank hits a KeyError here"
     )
+    p.add_argument(
+        "--hang-at-step",
+        type=int,
+        help="demo fault: on the first attempt only, rank --crash-rank sleeps forever here",
+    )
     return p.parse_args()
 
 
@@ -61,6 +66,11 @@ def weights_digest(model: nn.Module) -> str:
         h.update(name.encode())
         h.update(bytes(tensor.detach().contiguous().view(torch.uint8).flatten().tolist()))
     return h.hexdigest()
+
+
+def _stall_forever() -> None:
+    while True:
+        time.sleep(3600)
 
 
 def main() -> None:
@@ -89,6 +99,8 @@ def main() -> None:
         x = torch.randn(64, 32, generator=gen)
         y = torch.sin(x.sum(dim=1, keepdim=True))
         loss = nn.functional.mse_loss(ddp(x), y)
+        if step == args.hang_at_step and rank == args.crash_rank and restart == 0:
+            _stall_forever()  # the peers wait for this rank in the gradient all-reduce
         opt.zero_grad()
         loss.backward()
         opt.step()
