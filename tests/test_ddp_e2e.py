@@ -35,16 +35,24 @@ def _train(tg: TG, ckpt: Path, out: Path) -> list[str]:
     ]
 
 
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The final weights of the same job run without any fault."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    base = TG(tmp / "home")
+    res = base(*_train(base, tmp / "ck", tmp / "base.pt"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    return tmp / "base.pt"
+
+
 def _same_weights(a: Path, b: Path) -> bool:
     wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_sigkill_rank1_mid_run_recovers_with_identical_weights(tmp_path: Path) -> None:
-    base = TG(tmp_path / "base")
-    res = base(*_train(base, tmp_path / "ck-base", tmp_path / "base.pt"), timeout=300)
-    assert res.returncode == 0, res.stderr
-
+def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
+    tmp_path: Path, baseline: Path
+) -> None:
     tg = TG(tmp_path / "home")
     proc = tg.start(*_train(tg, tmp_path / "ck", tmp_path / "faulty.pt"))
     job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
@@ -69,7 +77,7 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(tmp_path: Path) -
     # the restarted ranks resumed from a checkpoint instead of from step 0
     log0 = Path(job["replicas"][0]["log_path"]).read_text()
     assert "resumed from step" in log0
-    assert _same_weights(tmp_path / "base.pt", tmp_path / "faulty.pt")
+    assert _same_weights(baseline, tmp_path / "faulty.pt")
     print(f"recovered; restart record phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")
     assert t_kill > 0
 
@@ -97,3 +105,55 @@ def test_a_bug_on_one_rank_fails_the_job_once_whatever_its_peer_prints(tmp_path:
     for f in explained:
         if not f["root_cause"]:  # rank 0 failed on its own before it was stopped
             assert (f["cascade_of"], f["retryable"]) == ("worker-1", True)
+
+
+def _step_times(log: Path) -> list[float]:
+    return [
+        float(line.rsplit("t=", 1)[1])
+        for line in log.read_text().splitlines()
+        if line.startswith("step ")
+    ]
+
+
+@pytest.mark.parametrize("how", ["sleep-in-step", "sigstop"])
+def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
+    tmp_path: Path, how: str, baseline: Path
+) -> None:
+    """Rank 1 stalls inside a step (or is SIGSTOPped); rank 0 waits in the all-reduce."""
+    tg = TG(tmp_path / "home")
+    argv = [*_train(tg, tmp_path / "ck", tmp_path / "hung.pt")]
+    argv[1:1] = ["--job-hang-interval", "5"]
+    if how == "sleep-in-step":
+        proc = tg.start(*argv, "--hang-at-step", "30")
+    else:
+        proc = tg.start(*argv)
+        job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
+
+        def rank1_at_step_30() -> int | None:
+            r1 = tg.json("status", job_id)["replicas"][1]
+            log = Path(r1["log_path"])
+            return r1["pid"] if log.exists() and "step 30 loss" in log.read_text() else None
+
+        os.kill(wait_for(rank1_at_step_30, timeout=120, what="step 30"), signal.SIGSTOP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    (f,) = tg.json("explain", job["id"])["failures"]
+    assert (f["failure_class"], f["replica"]) == ("hang", "worker-1")
+    log0 = Path(job["log_dir"], "attempt-0", "worker-0.log")
+    last_step = max(_step_times(log0) + _step_times(log0.with_name("worker-1.log")))
+    delay = f["at_s"] - last_step
+    print(f"{how}: hang detected {delay:.2f} s after the last step (interval 5 s)")
+    assert 5 - 0.5 <= delay <= 5 + 2
+
+    (snap,) = tg.json("stacks", job["id"], "--attempt", "0")
+    assert snap["culprits"] == ["worker-1"]
+    states = {r["replica"]: r["state"] for r in snap["report"]["replicas"]}
+    assert states["worker-0"] == "communication"
+    if how == "sleep-in-step":  # a stopped rank may be stopped anywhere, even in backward
+        assert states["worker-1"] == "computation"
+    text = tg("stacks", job["id"]).stdout
+    assert "culprit" in text and "finalize_backward" in text
+    assert _same_weights(baseline, tmp_path / "hung.pt")

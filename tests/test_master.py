@@ -59,6 +59,9 @@ class FakeBackend:
     def log_tail(self, replica: str) -> tuple[str, ...]:
         return ()
 
+    def last_output_s(self) -> float:
+        return 0.0
+
     async def close(self) -> None:
         self.closed = True
         await self.stop(list(self.live), 0)

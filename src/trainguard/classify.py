@@ -28,6 +28,7 @@ from trainguard.signatures import Rules, Signature, first_match
 
 
 class ExitKind(StrEnum):
+    HANG = "hang"  # no exit at all: the hang or exit-hang detector fired
     CLEAN = "clean"  # exit 0
     STOP_REQUESTED = "stop_requested"  # the master stopped it: never charged
     SIGNAL = "signal"
@@ -220,4 +221,38 @@ def internal_failure(exc: BaseException) -> Classification:
         reason,
         INTERNAL_ERROR_MESSAGE,
         fingerprint=fingerprint(f"internal:{type(exc).__name__}"),
+    )
+
+
+def hang_failure(
+    kind: str, replica: str, interval_s: float, idle_s: float, summary: str, where: str
+) -> Classification:
+    """A hang (no sign of life) or an exit hang (peers do not finish) is retryable.
+
+    `where` (the culprit's innermost own frame) makes the fingerprint, so a rank that
+    hangs at the same place again counts as the same error.
+    """
+    if kind == "exit_hang":
+        cls, rule = FailureClass.EXIT_HANG, "exit-hang-detector"
+        reason = f"{replica} finished but the other replicas did not exit within {interval_s:g} s"
+    else:
+        cls, rule = FailureClass.HANG, "hang-detector"
+        reason = (
+            f"no output or heartbeat from any replica for {idle_s:.0f} s "
+            f"(interval {interval_s:g} s)"
+        )
+    message = f"The job hung: {reason}."
+    if summary:
+        message += f" Diagnosis: {summary}."
+    return Classification(
+        ExitKind.HANG,
+        cls,
+        True,
+        rule,
+        None,
+        None,
+        reason,
+        message,
+        matched_line=summary or None,
+        fingerprint=fingerprint(f"{cls}:{replica}:{where}"),
     )

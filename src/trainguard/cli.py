@@ -46,6 +46,10 @@ _FT_FLAGS = {
     "max_transient_restarts": "--max-transient-restarts",
     "max_num_of_same_error": "--max-num-of-same-error",
     "max_tolerated_failure_rate": "--max-tolerated-failure-rate",
+    "enable_job_hang_detection": "--enable-job-hang-detection",
+    "job_hang_interval": "--job-hang-interval",
+    "enable_job_exit_hang_detection": "--enable-job-exit-hang-detection",
+    "job_exit_hang_interval": "--job-exit-hang-interval",
     "stop_grace_period_s": "--stop-grace-period",
 }
 
@@ -67,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
     run.add_argument("--framework", help="pytorch (default) or generic")
     run.add_argument("--success-policy", help="chief (default) or all")
+    run.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
     run.add_argument(
         "--retryable-error",
@@ -96,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true")
         if name == "records":
             sp.add_argument("--aggregate", action="store_true", help="group faults by error")
+
+    st = sub.add_parser("stacks", help="the stacks taken before a hang was stopped")
+    st.add_argument("job", help="job id or name")
+    st.add_argument("--attempt", type=int, help="the attempt (default: every snapshot)")
+    st.add_argument("--json", action="store_true")
 
     cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
     cl.add_argument("log", type=Path, help="a replica's log file")
@@ -179,6 +189,8 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     for key in ("name", "framework", "success_policy"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
+    if args.gpus is not None:
+        data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if "name" not in data and command:
         data["name"] = _default_name(command)
     try:
@@ -191,6 +203,7 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     """`fault_tolerance.max_num_of_job_restart: ...` also names the flag that set it."""
     flags = {f"fault_tolerance.{f}": flag for f, flag in _FT_FLAGS.items()}
     flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
+    flags["gpu_inventory"] = "--gpus"
     field = line.split(":", 1)[0]
     dest = field.removeprefix("fault_tolerance.")
     if field in flags and getattr(args, dest, None) is not None:
@@ -294,6 +307,40 @@ def cmd_classify(args: argparse.Namespace, store: Store | None) -> int:
     return 0
 
 
+def cmd_stacks(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.stacks import StackReport, render
+
+    job = store.resolve_job(args.job)
+    rows = store.snapshots_of(job["id"], args.attempt)
+    views = [
+        {
+            "attempt": r["attempt"],
+            "at_s": r["at_s"],
+            "kind": r["kind"],
+            "culprits": (r["culprits"] or "").split(", ") if r["culprits"] else [],
+            "summary": r["summary"],
+            "duration_ms": r["duration_ms"],
+            "report": json.loads(r["report_json"]),
+            "snapshots": json.loads(r["snapshots_json"]),
+        }
+        for r in rows
+    ]
+    if args.json:
+        _dump(views)
+        return 0
+    if not views:
+        where = f" in attempt {args.attempt}" if args.attempt is not None else ""
+        print(f"job {job['id']} has no stack snapshots{where} (they are taken when it hangs)")
+        return 0
+    for v in views:
+        print(
+            f"== attempt {v['attempt']}, {v['kind'].replace('_', ' ')} at "
+            f"{_fmt_time(v['at_s'])} (stacks taken in {v['duration_ms']:.0f} ms)"
+        )
+        print(render(StackReport.from_dict(v["report"])))
+    return 0
+
+
 def cmd_records(args: argparse.Namespace, store: Store) -> int:
     job = store.resolve_job(args.job)
     if args.aggregate:
@@ -319,6 +366,10 @@ def cmd_records(args: argparse.Namespace, store: Store) -> int:
         print(f"   decision: {r['decision']}")
         if r["cascade"]:
             print(f"   cascade:  {r['cascade']} failed after it")
+        if r["isolated"]:
+            print(f"   isolated: {r['isolated']}")
+        if r["snapshot_id"]:
+            print(f"   stacks:   trainguard stacks {job['id']}")
         phases = ", ".join(
             f"{k[:-3]} {r[k]:.0f} ms"
             for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
@@ -396,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             "status": cmd_status,
             "records": cmd_records,
             "explain": cmd_explain,
+            "stacks": cmd_stacks,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
         }[args.cmd]

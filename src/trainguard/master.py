@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 import traceback
@@ -30,8 +29,12 @@ from trainguard.classify import (
     ExitKind,
     FailureClass,
     classify_exit,
+    hang_failure,
     internal_failure,
 )
+from trainguard.diagnose import diagnose
+from trainguard.gpus import NotEnoughGpus, assign_gpus, detect_inventory
+from trainguard.hangs import HangDetected, HangWatch
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
 from trainguard.policy import (
     Budgets,
@@ -49,8 +52,9 @@ from trainguard.policy import (
     root_cause,
 )
 from trainguard.recorder import Recorder
+from trainguard.sdk_server import SdkServer, new_token
 from trainguard.signatures import Rules
-from trainguard.spec import JobSpec
+from trainguard.spec import ExecutionMode, JobSpec
 from trainguard.states import JobState, ReplicaState
 
 
@@ -59,7 +63,7 @@ class CancelRequested:
     reason: str = "cancelled by the user"
 
 
-MasterEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited | CancelRequested
+MasterEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited | CancelRequested | HangDetected
 
 
 @dataclass
@@ -129,9 +133,31 @@ class Master:
         self._attempt_failures: list[Failure] = []
         self._cascade: list[str] = []
         self._decided_s = 0.0
-        self.keywords_dir = log_dir / "retryable-errors"
         self._background: set[asyncio.Future[None]] = set()
+        sync = self.ft.execution_mode is ExecutionMode.SYNC
+        self.hangs = HangWatch(
+            enabled=sync and self.ft.enable_job_hang_detection,
+            interval_s=self.ft.job_hang_interval,
+            post=self.post,
+            output_activity=backend.last_output_s,
+            clock=clock,
+        )
+        self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
+        self._exit_hang_timer: asyncio.TimerHandle | None = None
+        self.sdk = SdkServer(self, new_token())
+        self._runtime_keywords: dict[str, list[str]] = {}
+        self._faulthandler_ok: set[str] = set()
         self.rules()  # load the catalogue now, not on the first failure
+        needs = [(p.name, self._gpus_per_replica(p.role)) for p in plans]
+        self._gpu_needs = [(name, n) for name, n in needs if n > 0]
+        self._gpu_inventory: list[int] = list(spec.gpu_inventory or [])
+        if self._gpu_needs and spec.gpu_inventory is None:
+            self._gpu_inventory = detect_inventory()
+        self._isolated: dict[int, str] = {}  # GPU id -> why it was taken out
+        self._gpus: dict[str, tuple[int, ...]] = {}
+        self._hang_culprits: dict[str, int] = {}
+        self._isolation_note: str | None = None
+        self._snapshot_id: int | None = None
 
     # -------------------------------------------------------------- the loop
 
@@ -149,13 +175,19 @@ class Master:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def _gpus_per_replica(self, role: str) -> int:
+        return next(p.resources.gpus for p in self.spec.worker_pools if p.role == role)
+
     async def begin(self) -> None:
-        """Bind to the backend and start the first attempt (what `run` does first)."""
+        """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
         self.backend.bind(self.post)
+        await self.sdk.start()
         await self._start_attempt()
 
     async def run(self) -> Outcome:
         self.backend.bind(self.post)
+        await self.sdk.start()
+        watch = asyncio.create_task(self.hangs.run())
         need_attempt = True
         try:
             while not self.state.is_terminal:
@@ -167,8 +199,11 @@ class Master:
                 except Exception as exc:  # a fault of trainguard itself, not of the job
                     need_attempt = await self._internal_error(exc)
         finally:
+            watch.cancel()
+            self._cancel_exit_hang()
             await self.backend.close()
             await self._settle()
+            await self.sdk.close()
         return self.outcome
 
     async def step(self, event: MasterEvent) -> None:
@@ -181,6 +216,8 @@ class Master:
                 await self._on_exit(event)
             case CancelRequested():
                 await self._on_cancel(event)
+            case HangDetected():
+                await self._on_hang(event)
 
     # -------------------------------------------------------------- transitions
 
@@ -209,7 +246,12 @@ class Master:
                 role_world_size=self._role_sizes[plan.role],
             )
         )
-        env["TRAINGUARD_RETRYABLE_ERRORS_DIR"] = str(self.keywords_dir)
+        log_path = self.log_dir / f"attempt-{self.attempt}" / f"{plan.name}{suffix}.log"
+        env["TRAINGUARD_MASTER_URL"] = self.sdk.url
+        env["TRAINGUARD_TOKEN"] = self.sdk.token
+        env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
+        if plan.name in self._gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self._gpus[plan.name]))
         return Launch(
             attempt=self.attempt,
             replica=plan.name,
@@ -218,10 +260,24 @@ class Master:
             argv=plan.argv,
             env=env,
             cwd=self.cwd,
-            log_path=self.log_dir / f"attempt-{self.attempt}" / f"{plan.name}{suffix}.log",
+            log_path=log_path,
         )
 
     async def _start_attempt(self) -> None:
+        if self._gpu_needs:
+            try:
+                self._gpus = assign_gpus(self._gpu_needs, self._gpu_inventory, set(self._isolated))
+            except NotEnoughGpus as exc:
+                why = "; ".join(f"GPU {g}: {r}" for g, r in sorted(self._isolated.items()))
+                message = f"Not enough GPUs for the next attempt: {exc}." + (
+                    f" Isolated: {why}." if why else ""
+                )
+                await self._finish(
+                    JobState.FAILED, str(exc), error_code="CAPACITY", error_message=message
+                )
+                return
+        self._cancel_exit_hang()
+        self.hangs.disarm()
         self.attempt += 1
         self._rendezvous = await self.backend.rendezvous()
         addr, port = self._rendezvous
@@ -270,6 +326,7 @@ class Master:
                 )
             n = len(self.replicas)
             self._transition(JobState.RUNNING, f"attempt {self.attempt}: all {n} replicas running")
+            self.hangs.arm(self.attempt)
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
         pending = self._pending
@@ -296,12 +353,7 @@ class Master:
 
     def rules(self) -> Rules:
         """The spec's retryable keywords, those the training code set at run time, ours."""
-        runtime: list[str] = []
-        for path in sorted(self.keywords_dir.glob("*.json")):
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads(path.read_text())
-                if isinstance(data, list):
-                    runtime += [str(x) for x in data]
+        runtime = [p for patterns in self._runtime_keywords.values() for p in patterns]
         return Rules.default(tuple(self.ft.retryable_errors), tuple(dict.fromkeys(runtime)))
 
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
@@ -344,6 +396,11 @@ class Master:
                 self.primary,
                 all(r.state is ReplicaState.SUCCEEDED for r in self.replicas.values()),
             )
+            if isinstance(decision, Ignore) and self._exit_hang_on and not self._exit_hang_timer:
+                interval = self.ft.job_exit_hang_interval
+                hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
+                loop = asyncio.get_running_loop()
+                self._exit_hang_timer = loop.call_later(interval, self.post, hang)
         else:
             decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
             self._decided_s = self.clock()
@@ -352,6 +409,25 @@ class Master:
             self._record_failure(failure, decision)
             self.say(f"{failure.replica} failed: {c.message} -> {describe(decision)}")
         await self._apply(decision, failure, ev.time_s)
+
+    def _isolate(self, f: Failure) -> str | None:
+        """Take a replica's GPUs out of the next attempts (R-HANG-5), if it earned it."""
+        c = f.classification
+        why: str | None = None
+        if c.hardware:
+            why = f"hardware fault on {f.replica} ({c.rule})"
+        elif c.failure_class is FailureClass.HANG:
+            n = self._hang_culprits[f.replica] = self._hang_culprits.get(f.replica, 0) + 1
+            if n >= 2:
+                why = f"{f.replica} was the culprit of {n} hangs"
+        gpus = self._gpus.get(f.replica, ())
+        if why is None or not gpus:
+            return None
+        for g in gpus:
+            self._isolated[g] = why
+        note = f"GPU {','.join(map(str, gpus))} isolated: {why}"
+        self.say(note)
+        return note
 
     async def _take_root_cause(
         self, trigger: Failure, decision: Decision
@@ -371,6 +447,7 @@ class Master:
     def _record_failure(self, root: Failure, decision: Decision) -> None:
         """Charge the budgets and write a record for the root cause and each cascade."""
         self.budgets = self.budgets.after(root, decision)
+        self._isolation_note = self._isolate(root)
         text = describe(decision)
         self.rec.failure(root, root_cause=True, decision=text)
         for f in self._attempt_failures:
@@ -416,6 +493,11 @@ class Master:
                 assert failure is not None
                 await self._restart_replica(decision, failure, seen_s)
 
+    def _cancel_exit_hang(self) -> None:
+        if self._exit_hang_timer is not None:
+            self._exit_hang_timer.cancel()
+            self._exit_hang_timer = None
+
     def _live(self) -> list[str]:
         return [n for n, r in self.replicas.items() if not r.state.is_terminal]
 
@@ -426,6 +508,8 @@ class Master:
         error_code: str | None = None,
         error_message: str | None = None,
     ) -> None:
+        self.hangs.disarm()
+        self._cancel_exit_hang()
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
         await self._settle()
         self.rec.attempt_ended(self.attempt, self.clock(), state.value, reason)
@@ -450,10 +534,13 @@ class Master:
             fingerprint=c.fingerprint,
             matched_line=c.matched_line,
             cascade=", ".join(self._cascade) or None,
+            snapshot_id=self._snapshot_id,
+            isolated=self._isolation_note,
         )
 
     async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
         record_id = self._record_restart(decision, failure, seen_s)
+        self.hangs.disarm()
         self._transition(JobState.RESTARTING, describe(decision))
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)  # usually done
         await self._settle()
@@ -480,11 +567,84 @@ class Master:
     async def _on_cancel(self, ev: CancelRequested) -> None:
         if self.state.is_terminal:
             return
+        self.hangs.disarm()
         self._transition(JobState.CANCELLING, ev.reason)
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
         await self._settle()
         self.rec.attempt_ended(self.attempt, self.clock(), "cancelled", ev.reason)
         self._transition(JobState.CANCELLED, "every replica stopped")
+
+    # -------------------------------------------------------------- hangs
+
+    async def _on_hang(self, ev: HangDetected) -> None:
+        """Snapshot every stack, name the culprit, then decide as for any failure."""
+        self._exit_hang_timer = None if ev.kind == "exit_hang" else self._exit_hang_timer
+        if ev.attempt != self.attempt or self.state is not JobState.RUNNING:
+            return
+        detected_s = self.clock()
+        live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
+        self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
+        files = {
+            n: self.log_dir / f"attempt-{self.attempt}" / f"{n}.stacks.txt"
+            for n in self._faulthandler_ok
+        }
+        targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
+        diag = await diagnose(targets, self.hangs.beats(), files, self.clock)
+        self._snapshot_id = self.rec.snapshot(
+            attempt=self.attempt,
+            at_s=detected_s,
+            kind=ev.kind,
+            culprits=list(diag.report.culprits),
+            summary=diag.report.summary,
+            duration_ms=diag.duration_ms,
+            report=diag.report.to_dict(),
+            snapshots=[s.to_dict() for s in diag.snapshots],
+        )
+        self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
+        if ev.kind == "hang" and self.hangs.last_activity() > detected_s:
+            self.say("the job showed a sign of life while its stacks were taken: not a hang")
+            self.rec.event(detected_s, None, "hang_cleared", diag.report.summary)
+            self.hangs.rearm()
+            self._snapshot_id = None
+            return
+        who = diag.culprit or ev.replica or self.primary
+        rep = self.replicas[who]
+        failure = Failure(
+            replica=who,
+            role=rep.plan.role,
+            rank=rep.plan.rank,
+            attempt=self.attempt,
+            pid=rep.pid,
+            time_s=detected_s,
+            classification=hang_failure(
+                ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where
+            ),
+        )
+        decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
+        self._decided_s = self.clock()
+        self._attempt_failures = [failure]
+        self._record_failure(failure, decision)
+        self.say(f"{failure.classification.message} -> {describe(decision)}")
+        await self._apply(decision, failure, failure.time_s)
+        self._snapshot_id = None
+
+    # -------------------------------------------------------------- the SDK channel
+
+    def on_heartbeat(self, replica: str, step: int | None) -> None:
+        self.hangs.beat(replica, step)
+
+    def on_hang_detect(self, replica: str, seconds: float | None) -> None:
+        self.hangs.scope(replica, seconds)
+
+    def on_retryable_errors(self, replica: str, patterns: list[str]) -> None:
+        self._runtime_keywords[replica] = list(patterns)
+
+    def on_message(self, replica: str, text: str) -> None:
+        self.rec.event(self.clock(), replica, "custom_message", text)
+        self.say(f"message from {replica}: {text}")
+
+    def on_faulthandler(self, replica: str) -> None:
+        self._faulthandler_ok.add(replica)
 
     async def _internal_error(self, exc: Exception) -> bool:
         """A fault of trainguard or its backend: retried as Vertex does (2 more attempts).

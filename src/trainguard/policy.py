@@ -156,6 +156,8 @@ _ASYNC_ALONE_ROLES = frozenset({"worker"})
 def error_code(c: Classification) -> str:
     if c.failure_class is FailureClass.INTERNAL:
         return "INTERNAL"
+    if c.failure_class in (FailureClass.HANG, FailureClass.EXIT_HANG):
+        return c.failure_class.value.upper()
     if c.exit_code is None:
         return "SPAWN_ERROR"
     return str(c.exit_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,13 @@ from trainguard.states import JobState, ReplicaState
 from trainguard.store import (
     Store,
     attempts,
+    events,
     failure_records,
     jobs,
     replica_runs,
     restart_records,
     spec_json,
+    stack_snapshots,
 )
 
 NODE = socket.gethostname()
@@ -138,6 +141,36 @@ class Recorder:
             root_cause=root_cause,
             cascade_of=cascade_of,
             decision=decision,
+        )
+
+    def snapshot(
+        self,
+        *,
+        attempt: int,
+        at_s: float,
+        kind: str,
+        culprits: list[str],
+        summary: str,
+        duration_ms: float,
+        report: dict[str, Any],
+        snapshots: list[dict[str, Any]],
+    ) -> int:
+        return self.store.insert(
+            stack_snapshots,
+            job_id=self.job_id,
+            attempt=attempt,
+            at_s=at_s,
+            kind=kind,
+            culprits=", ".join(culprits) or None,
+            summary=summary,
+            duration_ms=duration_ms,
+            report_json=json.dumps(report),
+            snapshots_json=json.dumps(snapshots),
+        )
+
+    def event(self, at_s: float, replica: str | None, kind: str, text: str) -> None:
+        self.store.insert(
+            events, job_id=self.job_id, at_s=at_s, replica=replica, kind=kind, text=text
         )
 
     def restart(self, **values: Any) -> int:

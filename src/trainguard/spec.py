@@ -125,10 +125,12 @@ class FaultTolerance(_Model):
     # The job's own retryable errors: regexes (or plain keywords) searched in the log
     # tail of a failed replica, before the built-in catalogue.
     retryable_errors: list[str] = Field(default_factory=list)
-    enable_job_hang_detection: bool = False
-    job_hang_interval: int = Field(default=1800, gt=0)
-    enable_job_exit_hang_detection: bool = False
-    job_exit_hang_interval: int = Field(default=600, gt=0)
+    # AIMaster defaults both detectors to off; at these intervals they cost nothing, so
+    # trainguard turns them on (sync jobs only, as AIMaster).
+    enable_job_hang_detection: bool = True
+    job_hang_interval: float = Field(default=1800, gt=0)
+    enable_job_exit_hang_detection: bool = True
+    job_exit_hang_interval: float = Field(default=600, gt=0)
     enable_c4d_hang_detection: bool = False
 
     @model_validator(mode="before")
@@ -146,6 +148,8 @@ class JobSpec(_Model):
     worker_pools: list[WorkerPool] = Field(min_length=1)
     success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
+    # The GPU ids this job may use on this machine (default: what nvidia-smi lists).
+    gpu_inventory: list[int] | None = None
 
     @model_validator(mode="after")
     def _unique_roles(self) -> JobSpec:

@@ -130,6 +130,36 @@ restart_records = Table(
     Column("fingerprint", String(16)),
     Column("matched_line", Text),
     Column("cascade", Text),  # the replicas whose failures followed this one
+    Column("snapshot_id", Integer),  # the stack snapshot taken before a hang was killed
+    Column("isolated", Text),  # what this failure took out of the next attempt, and why
+)
+
+# The stacks of every replica, taken before a hung job is stopped (`trainguard stacks`).
+stack_snapshots = Table(
+    "stack_snapshots",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("at_s", Float, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("culprits", Text),
+    Column("summary", Text),
+    Column("duration_ms", Float),
+    Column("report_json", Text, nullable=False),
+    Column("snapshots_json", Text, nullable=False),
+)
+
+# What training code said (send_custom_message) and other notable moments of a job.
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("at_s", Float, nullable=False),
+    Column("replica", String(64)),
+    Column("kind", String(32), nullable=False),
+    Column("text", Text),
 )
 
 # Every classified failure, root causes and their cascades alike (`trainguard explain`).
@@ -347,6 +377,15 @@ class Store:
             .where(failure_records.c.job_id == job_id)
             .order_by(failure_records.c.id)
         )
+
+    def snapshots_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        stmt = select(stack_snapshots).where(stack_snapshots.c.job_id == job_id)
+        if attempt is not None:
+            stmt = stmt.where(stack_snapshots.c.attempt == attempt)
+        return self._rows(stmt.order_by(stack_snapshots.c.id))
+
+    def events_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(select(events).where(events.c.job_id == job_id).order_by(events.c.id))
 
     def restarts_of(self, job_id: str) -> list[dict[str, Any]]:
         return self._rows(

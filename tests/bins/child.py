@@ -5,6 +5,8 @@
     VERB  print:TEXT  sleep:SECONDS  exit:CODE  signal:NAME  raise:EXCEPTION
           pidfile:PATH (write own pid to PATH.<rank>)  forever (sleep until killed)
           trap-term (ignore SIGTERM)  keyword:REGEX (sdk.set_retryable_errors)
+          scoped-sleep:LIMIT:SECONDS (sleep inside sdk.hang_detect(LIMIT))
+          message:TEXT (sdk.send_custom_message)  env:NAME (print a variable)
           spawn-child (start a grandchild in the same group that sleeps forever)
 
 Actions run in order; a replica that runs out of actions exits 0.
@@ -50,6 +52,18 @@ for action in sys.argv[1:]:
         from trainguard import sdk
 
         sdk.set_retryable_errors([arg])
+    elif verb == "scoped-sleep":  # SECONDS inside sdk.hang_detect(LIMIT), LIMIT:SECONDS
+        from trainguard import sdk
+
+        limit, seconds = arg.split(":")
+        with sdk.hang_detect(float(limit)):
+            time.sleep(float(seconds))
+    elif verb == "message":
+        from trainguard import sdk
+
+        sdk.send_custom_message(arg)
+    elif verb == "env":  # print one variable of the environment
+        print(f"{arg}={os.environ.get(arg)}", flush=True)
     elif verb == "pidfile":
         with open(f"{arg}.{rank}", "w") as fh:
             fh.write(str(os.getpid()))

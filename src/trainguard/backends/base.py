@@ -74,6 +74,9 @@ class Backend(Protocol):
         Their exits are still emitted, marked as requested by the master.
         """
 
+    def last_output_s(self) -> float:
+        """When any replica last printed anything (0 if none has yet): a sign of life."""
+
     def log_tail(self, replica: str) -> tuple[str, ...]:
         """The last lines the current run of `replica` printed."""
 

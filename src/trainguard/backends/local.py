@@ -106,6 +106,11 @@ class LocalBackend:
         self._host = host
         self._guardian: Guardian | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_output_s = 0.0
+
+    def last_output_s(self) -> float:
+        """When any replica last printed anything (0 if none has yet)."""
+        return self._last_output_s
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit
@@ -170,6 +175,7 @@ class LocalBackend:
     # -------------------------------------------------------------- output
 
     def _on_output(self, run: _Run, data: bytes) -> None:
+        self._last_output_s = time.time()
         run.log.write(data)
         if not run.first_output:
             run.first_output = True
@@ -253,6 +259,7 @@ class LocalBackend:
             # exit: it may be the root cause, and is not the master's doing.
             run.stop_requested = not _already_exited(run.pid)
             self._killpg(run, signal.SIGTERM)
+            self._killpg(run, signal.SIGCONT)  # a stopped (SIGSTOP) group must see the TERM
         waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
         _, pending = await asyncio.wait(waits, timeout=grace_s)
         if pending:

@@ -1,0 +1,54 @@
+"""Diagnosis before the kill (R-HANG-4): every replica's stack, grouped, culprit named."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.progress import straggler_report
+from trainguard.snapshot import snapshot_all
+from trainguard.stacks import ReplicaSnapshot, StackReport, aggregate
+
+SNAPSHOT_TIMEOUT_S = 10.0
+"""A snapshot that takes longer is given up: recovery must not wait on diagnosis."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    report: StackReport
+    snapshots: tuple[ReplicaSnapshot, ...]
+    duration_ms: float
+    culprit: str | None
+    where: str  # the culprit's innermost own frame, e.g. "_stall_forever (train.py:73)"
+
+
+def _where(report: StackReport, replica: str | None) -> str:
+    for diag in report.replicas:
+        if diag.replica == replica:
+            for frame in diag.main_stack:
+                if not frame.native:
+                    return f"{frame.name} ({Path(frame.filename).name}:{frame.line})"
+    return ""
+
+
+async def diagnose(
+    targets: Sequence[tuple[str, int, int]],
+    beats: Mapping[str, Sequence[tuple[int, float]]],
+    faulthandler_files: Mapping[str, Path],
+    clock: Callable[[], float] = time.time,
+) -> Diagnosis:
+    t0 = time.monotonic()
+    snaps = await snapshot_all(
+        targets, timeout_s=SNAPSHOT_TIMEOUT_S, faulthandler_files=faulthandler_files
+    )
+    progress = straggler_report(beats, clock())
+    for snap in snaps:
+        if snap.tool.endswith("(process stopped)"):
+            progress[snap.replica] = "stuck"  # SIGSTOPped: it cannot be anything else
+    report = aggregate(snaps, progress)
+    culprit = report.culprits[0] if report.culprits else None
+    return Diagnosis(
+        report, tuple(snaps), (time.monotonic() - t0) * 1000, culprit, _where(report, culprit)
+    )

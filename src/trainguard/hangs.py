@@ -1,0 +1,123 @@
+"""Hang detection (R-HANG-1..3): a timer on the job's last sign of life, not a poll.
+
+A sign of life is a line of output from any replica or a heartbeat from the SDK. The
+watch sleeps until `last sign of life + interval`; when it wakes, it either sees newer
+activity and sleeps again, or reports a hang. The interval is the job's
+`job_hang_interval`, or what training code set with `hang_detect(seconds)` for the scope
+it is in: the shortest active scope wins, and any replica inside `hang_detect(-1)`
+switches detection off for the job while it is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+OFF = -1.0
+
+
+@dataclass(frozen=True)
+class HangDetected:
+    kind: Literal["hang", "exit_hang"]
+    attempt: int
+    interval_s: float
+    idle_s: float  # how long the job had shown no sign of life (or waited at exit)
+    replica: str | None = None  # exit hang: the replica that finished first
+
+
+class HangWatch:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        interval_s: float,
+        post: Callable[[HangDetected], None],
+        output_activity: Callable[[], float],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._enabled = enabled
+        self._default = interval_s
+        self._post = post
+        self._output_activity = output_activity
+        self._clock = clock
+        self._scopes: dict[str, float] = {}
+        self._beats: dict[str, list[tuple[int, float]]] = {}
+        self._last_beat_s = 0.0
+        self._since_s = clock()
+        self._attempt = -1
+        self._armed = False
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------ what the master tells it
+
+    def arm(self, attempt: int) -> None:
+        """A new attempt is running: count from now."""
+        self._attempt, self._armed = attempt, True
+        self._since_s = self._clock()
+        self._scopes.clear()
+        self._beats.clear()
+        self._wake.set()
+
+    def rearm(self) -> None:
+        """A hang report turned out stale (the job moved again): keep watching."""
+        self._armed = True
+        self._wake.set()
+
+    def disarm(self) -> None:
+        self._armed = False
+        self._wake.set()
+
+    def beat(self, replica: str, step: int | None) -> None:
+        now = self._clock()
+        self._last_beat_s = now
+        if step is not None:
+            history = self._beats.setdefault(replica, [])
+            if not history or history[-1][0] != step:
+                history.append((step, now))
+                del history[:-50]
+
+    def scope(self, replica: str, seconds: float | None) -> None:
+        self._last_beat_s = self._clock()  # any word from a replica is a sign of life
+        if seconds is None:
+            self._scopes.pop(replica, None)
+        else:
+            self._scopes[replica] = float(seconds)
+        self._wake.set()
+
+    def beats(self) -> dict[str, list[tuple[int, float]]]:
+        return {k: list(v) for k, v in self._beats.items()}
+
+    # ------------------------------------------------------------ the rule
+
+    def interval(self) -> float | None:
+        """The interval in force now, or None when detection is off."""
+        scopes = list(self._scopes.values())
+        if any(s == OFF for s in scopes):
+            return None
+        if scopes:
+            return min(scopes)
+        return self._default if self._enabled else None
+
+    def last_activity(self) -> float:
+        return max(self._since_s, self._last_beat_s, self._output_activity())
+
+    # ------------------------------------------------------------ the timer
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            interval = self.interval() if self._armed else None
+            if interval is None:
+                await self._wake.wait()
+                continue
+            idle = self._clock() - self.last_activity()
+            if idle >= interval:
+                self._armed = False  # one report per attempt; the master re-arms it
+                self._post(HangDetected("hang", self._attempt, interval, idle))
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval - idle)
