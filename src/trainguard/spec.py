@@ -206,7 +206,8 @@ def _describe(err: Any) -> str:
         "literal_error": "must be one of {expected}",
         "enum": "must be one of {expected}",
     }.get(kind)
-    msg = text.format(**ctx) if text else err["msg"][0].lower() + err["msg"][1:]
+    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
+    msg = text.format(**shown) if text else err["msg"][0].lower() + err["msg"][1:]
     return f"{loc}: {msg}, got {got!r}"
 
 
