@@ -1,8 +1,8 @@
 """The job master (R-JOB-2..5, R-POL-1): one asyncio loop per job.
 
-It waits for events (a replica started, printed its first line, exited; a cancel),
-asks the pure policy what an exit means, and carries the decision out through the
-backend. `step(event)` is one turn of the loop, so tests can drive it event by event.
+It waits for events (a replica started, printed, exited; a hang; a cancel), asks the
+pure policy what they mean, and carries the decision out through the backend.
+`step(event)` is one turn of the loop, so tests can drive it event by event.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.backends.base import (
@@ -25,17 +25,17 @@ from trainguard.backends.base import (
 )
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
-    Classification,
     ExitKind,
-    FailureClass,
     classify_exit,
     hang_failure,
     internal_failure,
 )
 from trainguard.diagnose import diagnose
-from trainguard.gpus import NotEnoughGpus, assign_gpus, detect_inventory
+from trainguard.gpus import GpuPool, NotEnoughGpus
 from trainguard.hangs import HangDetected, HangWatch
+from trainguard.inbox import Inbox
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
+from trainguard.ledger import Ledger
 from trainguard.policy import (
     Budgets,
     Decision,
@@ -48,7 +48,6 @@ from trainguard.policy import (
     decide_clean_exit,
     decide_failure,
     describe,
-    error_code,
     root_cause,
 )
 from trainguard.recorder import Recorder
@@ -93,7 +92,6 @@ class Outcome:
     failure: Failure | None = None
     attempts: int = 0
     restarts: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class Master:
@@ -124,15 +122,12 @@ class Master:
         self._role_sizes = {p.role: p.replicas for p in spec.worker_pools}
         self.state = JobState.PENDING
         self.attempt = -1
-        self.budgets = Budgets()
         self.outcome = Outcome(JobState.PENDING)
         self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
         self._pending: _PendingRestart | None = None
         self._cancel_count = 0
         self._attempt_failures: list[Failure] = []
-        self._cascade: list[str] = []
-        self._decided_s = 0.0
         self._background: set[asyncio.Future[None]] = set()
         sync = self.ft.execution_mode is ExecutionMode.SYNC
         self.hangs = HangWatch(
@@ -144,20 +139,12 @@ class Master:
         )
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
         self._exit_hang_timer: asyncio.TimerHandle | None = None
-        self.sdk = SdkServer(self, new_token())
-        self._runtime_keywords: dict[str, list[str]] = {}
-        self._faulthandler_ok: set[str] = set()
+        self.inbox = Inbox(self.hangs, recorder, say, clock)
+        self.sdk = SdkServer(self.inbox, new_token())
         self.rules()  # load the catalogue now, not on the first failure
-        needs = [(p.name, self._gpus_per_replica(p.role)) for p in plans]
-        self._gpu_needs = [(name, n) for name, n in needs if n > 0]
-        self._gpu_inventory: list[int] = list(spec.gpu_inventory or [])
-        if self._gpu_needs and spec.gpu_inventory is None:
-            self._gpu_inventory = detect_inventory()
-        self._isolated: dict[int, str] = {}  # GPU id -> why it was taken out
-        self._gpus: dict[str, tuple[int, ...]] = {}
-        self._hang_culprits: dict[str, int] = {}
-        self._isolation_note: str | None = None
-        self._snapshot_id: int | None = None
+        gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
+        self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
+        self.ledger = Ledger(recorder, self.gpus, say)
 
     # -------------------------------------------------------------- the loop
 
@@ -174,9 +161,6 @@ class Master:
             task = asyncio.ensure_future(self.backend.stop(live, grace_s=0))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-
-    def _gpus_per_replica(self, role: str) -> int:
-        return next(p.resources.gpus for p in self.spec.worker_pools if p.role == role)
 
     async def begin(self) -> None:
         """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
@@ -204,6 +188,7 @@ class Master:
             await self.backend.close()
             await self._settle()
             await self.sdk.close()
+        self.outcome.restarts = self.ledger.restarts
         return self.outcome
 
     async def step(self, event: MasterEvent) -> None:
@@ -250,8 +235,9 @@ class Master:
         env["TRAINGUARD_MASTER_URL"] = self.sdk.url
         env["TRAINGUARD_TOKEN"] = self.sdk.token
         env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
-        if plan.name in self._gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self._gpus[plan.name]))
+        devices = self.gpus.visible_devices(plan.name)
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
         return Launch(
             attempt=self.attempt,
             replica=plan.name,
@@ -264,18 +250,13 @@ class Master:
         )
 
     async def _start_attempt(self) -> None:
-        if self._gpu_needs:
-            try:
-                self._gpus = assign_gpus(self._gpu_needs, self._gpu_inventory, set(self._isolated))
-            except NotEnoughGpus as exc:
-                why = "; ".join(f"GPU {g}: {r}" for g, r in sorted(self._isolated.items()))
-                message = f"Not enough GPUs for the next attempt: {exc}." + (
-                    f" Isolated: {why}." if why else ""
-                )
-                await self._finish(
-                    JobState.FAILED, str(exc), error_code="CAPACITY", error_message=message
-                )
-                return
+        try:
+            self.gpus.assign()
+        except NotEnoughGpus as exc:
+            await self._finish(
+                JobState.FAILED, "not enough GPUs", error_code="CAPACITY", error_message=str(exc)
+            )
+            return
         self._cancel_exit_hang()
         self.hangs.disarm()
         self.attempt += 1
@@ -353,8 +334,7 @@ class Master:
 
     def rules(self) -> Rules:
         """The spec's retryable keywords, those the training code set at run time, ours."""
-        runtime = [p for patterns in self._runtime_keywords.values() for p in patterns]
-        return Rules.default(tuple(self.ft.retryable_errors), tuple(dict.fromkeys(runtime)))
+        return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
 
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
@@ -402,32 +382,13 @@ class Master:
                 loop = asyncio.get_running_loop()
                 self._exit_hang_timer = loop.call_later(interval, self.post, hang)
         else:
-            decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
-            self._decided_s = self.clock()
+            decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+            self.ledger.decided_s = self.clock()
             if isinstance(decision, RestartJob | FailJob):
                 failure, decision = await self._take_root_cause(failure, decision)
             self._record_failure(failure, decision)
             self.say(f"{failure.replica} failed: {c.message} -> {describe(decision)}")
         await self._apply(decision, failure, ev.time_s)
-
-    def _isolate(self, f: Failure) -> str | None:
-        """Take a replica's GPUs out of the next attempts (R-HANG-5), if it earned it."""
-        c = f.classification
-        why: str | None = None
-        if c.hardware:
-            why = f"hardware fault on {f.replica} ({c.rule})"
-        elif c.failure_class is FailureClass.HANG:
-            n = self._hang_culprits[f.replica] = self._hang_culprits.get(f.replica, 0) + 1
-            if n >= 2:
-                why = f"{f.replica} was the culprit of {n} hangs"
-        gpus = self._gpus.get(f.replica, ())
-        if why is None or not gpus:
-            return None
-        for g in gpus:
-            self._isolated[g] = why
-        note = f"GPU {','.join(map(str, gpus))} isolated: {why}"
-        self.say(note)
-        return note
 
     async def _take_root_cause(
         self, trigger: Failure, decision: Decision
@@ -442,24 +403,15 @@ class Master:
         root, _ = root_cause(self._attempt_failures)
         if root is trigger:
             return trigger, decision
-        return root, decide_failure(self.ft, self.budgets, root, len(self.replicas))
+        return root, decide_failure(self.ft, self.ledger.budgets, root, len(self.replicas))
 
     def _record_failure(self, root: Failure, decision: Decision) -> None:
-        """Charge the budgets and write a record for the root cause and each cascade."""
-        self.budgets = self.budgets.after(root, decision)
-        self._isolation_note = self._isolate(root)
-        text = describe(decision)
-        self.rec.failure(root, root_cause=True, decision=text)
-        for f in self._attempt_failures:
-            if f is not root and f.attempt == root.attempt:
-                self.rec.failure(
-                    f,
-                    root_cause=False,
-                    decision=f"cascade of {root.replica}",
-                    cascade_of=root.replica,
-                )
-        self._cascade = [f.replica for f in self._attempt_failures if f is not root]
+        self.ledger.failure(root, self._attempt_failures, decision)
         self._attempt_failures = []
+
+    @property
+    def budgets(self) -> Budgets:
+        return self.ledger.budgets
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:
         return self.rec.run_started(
@@ -516,35 +468,13 @@ class Master:
         self.outcome.error_code, self.outcome.error_message = error_code, error_message
         self._transition(state, reason, error_code=error_code, error_message=error_message)
 
-    def _record_restart(self, decision: Decision, failure: Failure, seen_s: float) -> int:
-        c = failure.classification
-        decided_s = self._decided_s
-        self.outcome.restarts += 1
-        return self.rec.restart(
-            round=self.outcome.restarts,
-            at_s=decided_s,
-            replica=failure.replica,
-            error_code=error_code(c),
-            error_message=c.message,
-            error_source=_source(c),
-            failure_class=c.failure_class.value if c.failure_class else None,
-            rule=c.rule,
-            decision=describe(decision),
-            detect_ms=max(0.0, decided_s - seen_s) * 1000,
-            fingerprint=c.fingerprint,
-            matched_line=c.matched_line,
-            cascade=", ".join(self._cascade) or None,
-            snapshot_id=self._snapshot_id,
-            isolated=self._isolation_note,
-        )
-
     async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
-        record_id = self._record_restart(decision, failure, seen_s)
+        record_id = self.ledger.restart(decision, failure, seen_s)
         self.hangs.disarm()
         self._transition(JobState.RESTARTING, describe(decision))
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)  # usually done
         await self._settle()
-        t0, t1 = self._decided_s, self.clock()
+        t0, t1 = self.ledger.decided_s, self.clock()
         self.rec.attempt_ended(self.attempt, t1, "restarted", failure.classification.message)
         self._pending = _PendingRestart(record_id, t1)
         await self._start_attempt()
@@ -554,7 +484,7 @@ class Master:
     async def _restart_replica(
         self, decision: RestartReplica, failure: Failure, seen_s: float
     ) -> None:
-        record_id = self._record_restart(decision, failure, seen_s)
+        record_id = self.ledger.restart(decision, failure, seen_s)
         rep = self.replicas[decision.replica]
         rep.restarts += 1
         rep.state = ReplicaState.STARTING
@@ -586,11 +516,11 @@ class Master:
         self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
         files = {
             n: self.log_dir / f"attempt-{self.attempt}" / f"{n}.stacks.txt"
-            for n in self._faulthandler_ok
+            for n in self.inbox.faulthandler
         }
         targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
         diag = await diagnose(targets, self.hangs.beats(), files, self.clock)
-        self._snapshot_id = self.rec.snapshot(
+        self.ledger.snapshot_id = self.rec.snapshot(
             attempt=self.attempt,
             at_s=detected_s,
             kind=ev.kind,
@@ -605,7 +535,7 @@ class Master:
             self.say("the job showed a sign of life while its stacks were taken: not a hang")
             self.rec.event(detected_s, None, "hang_cleared", diag.report.summary)
             self.hangs.rearm()
-            self._snapshot_id = None
+            self.ledger.snapshot_id = None
             return
         who = diag.culprit or ev.replica or self.primary
         rep = self.replicas[who]
@@ -620,31 +550,13 @@ class Master:
                 ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where
             ),
         )
-        decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
-        self._decided_s = self.clock()
+        decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+        self.ledger.decided_s = self.clock()
         self._attempt_failures = [failure]
         self._record_failure(failure, decision)
         self.say(f"{failure.classification.message} -> {describe(decision)}")
         await self._apply(decision, failure, failure.time_s)
-        self._snapshot_id = None
-
-    # -------------------------------------------------------------- the SDK channel
-
-    def on_heartbeat(self, replica: str, step: int | None) -> None:
-        self.hangs.beat(replica, step)
-
-    def on_hang_detect(self, replica: str, seconds: float | None) -> None:
-        self.hangs.scope(replica, seconds)
-
-    def on_retryable_errors(self, replica: str, patterns: list[str]) -> None:
-        self._runtime_keywords[replica] = list(patterns)
-
-    def on_message(self, replica: str, text: str) -> None:
-        self.rec.event(self.clock(), replica, "custom_message", text)
-        self.say(f"message from {replica}: {text}")
-
-    def on_faulthandler(self, replica: str) -> None:
-        self._faulthandler_ok.add(replica)
+        self.ledger.snapshot_id = None
 
     async def _internal_error(self, exc: Exception) -> bool:
         """A fault of trainguard or its backend: retried as Vertex does (2 more attempts).
@@ -666,8 +578,8 @@ class Master:
             time_s=self.clock(),
             classification=internal_failure(exc),
         )
-        decision = decide_failure(self.ft, self.budgets, failure, len(self.replicas))
-        self._decided_s = self.clock()
+        decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+        self.ledger.decided_s = self.clock()
         try:
             with contextlib.suppress(Exception):  # already failing; close() is the last resort
                 await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
@@ -675,7 +587,7 @@ class Master:
             self._attempt_failures = []
             self._record_failure(failure, decision)
             if isinstance(decision, RestartJob) and not self.state.is_terminal:
-                record_id = self._record_restart(decision, failure, failure.time_s)
+                record_id = self.ledger.restart(decision, failure, failure.time_s)
                 self._transition(JobState.RESTARTING, describe(decision))
                 self.rec.attempt_ended(self.attempt, self.clock(), "internal error", repr(exc))
                 self._pending = _PendingRestart(record_id, self.clock())
@@ -694,13 +606,3 @@ class Master:
             except Exception:
                 self.state = self.outcome.state = JobState.FAILED
         return False
-
-
-def _source(c: Classification) -> str:
-    if c.failure_class in (FailureClass.HANG,):
-        return "hang_detector"
-    if c.failure_class in (FailureClass.EXIT_HANG,):
-        return "exit_hang_detector"
-    if c.matched_line is not None:
-        return "log"
-    return "exit_code"

@@ -1,0 +1,44 @@
+"""What training code tells the master through the SDK channel (the SdkHandler side)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from trainguard.hangs import HangWatch
+from trainguard.recorder import Recorder
+
+
+class Inbox:
+    def __init__(
+        self,
+        hangs: HangWatch,
+        rec: Recorder,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.hangs = hangs
+        self.rec = rec
+        self.say = say
+        self.clock = clock
+        self.retryable_errors: dict[str, list[str]] = {}  # replica -> its keywords
+        self.faulthandler: set[str] = set()  # replicas that dump stacks on SIGUSR2
+
+    def on_heartbeat(self, replica: str, step: int | None) -> None:
+        self.hangs.beat(replica, step)
+
+    def on_hang_detect(self, replica: str, seconds: float | None) -> None:
+        self.hangs.scope(replica, seconds)
+
+    def on_retryable_errors(self, replica: str, patterns: list[str]) -> None:
+        self.retryable_errors[replica] = list(patterns)
+
+    def on_message(self, replica: str, text: str) -> None:
+        self.rec.event(self.clock(), replica, "custom_message", text)
+        self.say(f"message from {replica}: {text}")
+
+    def on_faulthandler(self, replica: str) -> None:
+        self.faulthandler.add(replica)
+
+    def keywords(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p for ps in self.retryable_errors.values() for p in ps))
