@@ -158,22 +158,19 @@ def test_real_ddp_hang_with_native_frames_names_the_rank_outside_the_collective(
     )
 
 
-def test_real_ddp_hang_with_python_frames_only_cannot_tell_backward_apart() -> None:
+def test_real_ddp_hang_with_python_frames_only_names_the_culprit_as_likely() -> None:
     """Rank 0's Python stack stops in torch/autograd (DDP's all-reduce runs in C++ hooks):
-    it may be computing gradients or waiting for them, so it is "unknown", and rank 1
-    computing alone names no culprit. Heartbeats can still name it."""
+    it may be computing gradients or waiting for them, so its state is "unknown". With
+    every other rank in backward and one in the user's own code, that one is the likely
+    culprit, and the summary says the native frames were missing."""
     snaps = fixture_snaps(native=False)
     report = aggregate(snaps)
     r0, r1 = report.replicas
     assert r0.state == "unknown" and "autograd backward" in r0.reason
     assert r1.state == "computation"
-    assert report.culprits == ()
-    assert report.summary.startswith("no culprit: 0 in communication, 1 in computation, 1 unknown")
-
-    with_beats = aggregate(snaps, {"worker-0": "ok", "worker-1": "stuck"})
-    assert with_beats.culprits == ("worker-1",)
-    assert with_beats.replicas[1].progress == "stuck"
-    assert with_beats.summary.startswith("stalled replica: worker-1 is behind by heartbeats")
+    assert report.culprits == ("worker-1",)
+    assert report.summary.startswith("likely computation hang: worker-1 is outside torch")
+    assert "no native frames" in report.summary
 
 
 def test_in_collective_reads_the_innermost_frames() -> None:

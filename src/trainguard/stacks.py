@@ -434,6 +434,18 @@ def _culprits(
         )
         reason = f"waits outside any collective while {_peers(len(comm))} inside one"
         return comp, dict.fromkeys(comp, reason), summary
+    in_backward = [r for r in judged if judged[r].what.startswith("in autograd")]
+    if comp and not comm and len(comp) + len(in_backward) == len(snaps):
+        lead = comp[0]
+        who = f"{lead} is" if len(comp) == 1 else f"{_names(comp)} are"
+        summary = (
+            f"likely computation hang: {who} outside torch in "
+            f"{_where(_innermost_python(judged[lead].main))} while {_peers(len(in_backward))} "
+            "in backward, where DDP waits for the gradient all-reduce (no native frames to "
+            "confirm it)"
+        )
+        reason = f"outside torch while {_peers(len(in_backward))} in backward (likely)"
+        return comp, dict.fromkeys(comp, reason), summary
     if len(comm) >= 3 and not comp and (odd := _odd_one_out({r: judged[r].main for r in comm})):
         other = next(r for r in comm if r != odd)
         summary = (
