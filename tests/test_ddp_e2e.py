@@ -141,7 +141,8 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
     job = tg.only_job()
     assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
     (f,) = tg.json("explain", job["id"])["failures"]
-    assert (f["failure_class"], f["replica"]) == ("hang", "worker-1")
+    stacks = tg("stacks", job["id"]).stdout
+    assert (f["failure_class"], f["replica"]) == ("hang", "worker-1"), stacks
     log0 = Path(job["log_dir"], "attempt-0", "worker-0.log")
     last_step = max(_step_times(log0) + _step_times(log0.with_name("worker-1.log")))
     delay = f["at_s"] - last_step
@@ -151,7 +152,7 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
     (snap,) = tg.json("stacks", job["id"], "--attempt", "0")
     assert snap["culprits"] == ["worker-1"]
     states = {r["replica"]: r["state"] for r in snap["report"]["replicas"]}
-    assert states["worker-0"] == "communication"
+    assert states["worker-0"] == "communication", stacks
     if how == "sleep-in-step":  # a stopped rank may be stopped anywhere, even in backward
         assert states["worker-1"] == "computation"
     text = tg("stacks", job["id"]).stdout
