@@ -158,7 +158,9 @@ def test_stop_requested_sigterm_keeps_its_code() -> None:
     ],
 )
 def test_transient_signals(returncode: int, code: int, sig: str) -> None:
-    c = _classify(returncode, log_tail=TRACEBACK_KEYERROR)  # the signal decides, not the log
+    # a traceback long before the death does not explain it: the signal decides
+    old = (*TRACEBACK_KEYERROR, *(f"step {i} loss 0.1" for i in range(10)))
+    c = _classify(returncode, log_tail=old)
     assert c.kind is ExitKind.SIGNAL
     assert c.failure_class is FailureClass.TRANSIENT_EXIT
     assert c.is_failure is True
@@ -419,3 +421,31 @@ def test_last_exception_inside_an_exception_group() -> None:
         "    +------------------------------------",
     )
     assert last_exception(lines) == "ValueError: bad shape"
+
+
+@pytest.mark.parametrize("returncode", [-6, 134])
+def test_an_uncaught_exception_then_an_abort_at_exit_is_the_exception(returncode: int) -> None:
+    """gloo's threads make the interpreter abort on its way out after an uncaught error."""
+    tail = (
+        "step 19 loss 0.2",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 113, in main',
+        "[rank1]: KeyError: 'lr'",
+        "terminate called without an active exception",
+    )
+    c = _classify(returncode, log_tail=tail)
+    assert (c.failure_class, c.retryable, c.reason) == (
+        FailureClass.USER_ERROR,
+        False,
+        "KeyError: 'lr'",
+    )
+
+
+def test_an_old_traceback_long_before_a_segfault_does_not_explain_it() -> None:
+    tail = (
+        "Traceback (most recent call last):",
+        '  File "train.py", line 3, in <module>',
+        "KeyError: 'x'",
+        *(f"step {i} loss 0.1" for i in range(20)),
+    )
+    assert _classify(-11, log_tail=tail).failure_class is FailureClass.TRANSIENT_EXIT

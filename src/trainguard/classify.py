@@ -110,6 +110,22 @@ def _short(line: str, limit: int = 240) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+_ABORT_AFTER_EXCEPTION = 5
+"""Lines a process may print between an uncaught traceback and its abort at exit
+(`terminate called without an active exception`, a core-dump notice)."""
+
+
+def _died_of_it(lines: tuple[str, ...], sig: int | None) -> bool:
+    """An uncaught exception, then SIGABRT/SIGSEGV while the interpreter shut down
+    (native threads of gloo or NCCL still running): the exception is the cause."""
+    if sig not in TRANSIENT_SIGNALS:
+        return False
+    block = exception_block(lines)
+    if block is None:
+        return False
+    return len(lines) - (block[1] + 1) <= _ABORT_AFTER_EXCEPTION
+
+
 def find_evidence(lines: tuple[str, ...], rules: Rules) -> tuple[Signature, str] | None:
     """The signature that explains a log tail, and the line it matched (steps 2 and 4)."""
     cleaned = [clean(x) for x in lines]
@@ -189,8 +205,11 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
         matched, line = evidence
         cls = FailureClass(matched.failure_class)
         # A Python bug ends in exit 1, not in a signal: a death by signal is not explained
-        # by an exception its log happens to mention (OOM or hardware text still counts).
-        if not (sig is not None and cls is FailureClass.USER_ERROR):
+        # by an exception its log happens to mention (OOM or hardware text still counts),
+        # unless an uncaught traceback is the last thing it said before aborting.
+        if not (sig is not None and cls is FailureClass.USER_ERROR) or _died_of_it(
+            ev.log_tail, sig
+        ):
             return result(cls, matched.retryable, matched.id, _short(line), line, matched)
     if sig is not None and sig in TRANSIENT_SIGNALS:
         return result(
@@ -225,7 +244,13 @@ def internal_failure(exc: BaseException) -> Classification:
 
 
 def hang_failure(
-    kind: str, replica: str, interval_s: float, idle_s: float, summary: str, where: str
+    kind: str,
+    replica: str,
+    interval_s: float,
+    idle_s: float,
+    summary: str,
+    where: str,
+    finished: str | None = None,
 ) -> Classification:
     """A hang (no sign of life) or an exit hang (peers do not finish) is retryable.
 

@@ -435,7 +435,7 @@ def _culprits(
         reason = f"waits outside any collective while {_peers(len(comm))} inside one"
         return comp, dict.fromkeys(comp, reason), summary
     in_backward = [r for r in judged if judged[r].what.startswith("in autograd")]
-    if comp and not comm and len(comp) + len(in_backward) == len(snaps):
+    if comp and in_backward and not comm and len(comp) + len(in_backward) == len(snaps):
         lead = comp[0]
         who = f"{lead} is" if len(comp) == 1 else f"{_names(comp)} are"
         summary = (
