@@ -217,7 +217,6 @@ class Master:
     def _launch(self, rep: _Replica) -> Launch:
         addr, port = self._rendezvous
         plan = rep.plan
-        suffix = f".r{rep.restarts}" if rep.restarts else ""
         env = dict(os.environ)
         env.update(
             replica_env(
@@ -231,7 +230,7 @@ class Master:
                 role_world_size=self._role_sizes[plan.role],
             )
         )
-        log_path = self.log_dir / f"attempt-{self.attempt}" / f"{plan.name}{suffix}.log"
+        log_path = self._log_path(self.attempt, plan.name, rep.restarts)
         env["TRAINGUARD_MASTER_URL"] = self.sdk.url
         env["TRAINGUARD_TOKEN"] = self.sdk.token
         env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
@@ -271,6 +270,11 @@ class Master:
             self._pending.start_begin_s = self.clock()
         await self.backend.start([self._launch(r) for r in self.replicas.values()])
 
+    def _log_path(self, attempt: int, replica: str, restart: int) -> Path:
+        """One file per replica per attempt; a replica restarted alone gets `.rN`."""
+        suffix = f".r{restart}" if restart else ""
+        return self.log_dir / f"attempt-{attempt}" / f"{replica}{suffix}.log"
+
     def _current(self, attempt: int, replica: str, restart: int) -> _Replica | None:
         rep = self.replicas.get(replica)
         if rep is None or attempt != self.attempt or restart != rep.restarts:
@@ -279,11 +283,7 @@ class Master:
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
-        log_path = (
-            self.log_dir
-            / f"attempt-{ev.attempt}"
-            / (f"{ev.replica}.r{ev.restart}.log" if ev.restart else f"{ev.replica}.log")
-        )
+        log_path = self._log_path(ev.attempt, ev.replica, ev.restart)
         run_id = self.rec.run_started(
             attempt=ev.attempt,
             replica=ev.replica,
@@ -420,7 +420,7 @@ class Master:
             rank=self.replicas[ev.replica].plan.rank,
             restart=ev.restart,
             pid=None,
-            log_path=self.log_dir / f"attempt-{ev.attempt}" / f"{ev.replica}.log",
+            log_path=self._log_path(ev.attempt, ev.replica, ev.restart),
             at_s=ev.time_s,
         )
 
@@ -515,8 +515,9 @@ class Master:
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
         self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
         files = {
-            n: self.log_dir / f"attempt-{self.attempt}" / f"{n}.stacks.txt"
-            for n in self.inbox.faulthandler
+            n: self._log_path(self.attempt, n, r.restarts).with_suffix(".stacks.txt")
+            for n, r in live.items()
+            if n in self.inbox.faulthandler
         }
         targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
         diag = await diagnose(targets, self.hangs.beats(), files, self.clock)
