@@ -158,3 +158,26 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
     text = tg("stacks", job["id"]).stdout
     assert "culprit" in text and "finalize_backward" in text
     assert _same_weights(baseline, tmp_path / "hung.pt")
+
+
+def test_the_master_killed_mid_run_then_resume_loses_nothing(
+    tmp_path: Path, baseline: Path
+) -> None:
+    tg = TG(tmp_path / "home")
+    proc = tg.start(*_train(tg, tmp_path / "ck", tmp_path / "resumed.pt"))
+    job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
+
+    def at_step_30() -> bool:
+        r0 = tg.json("status", job_id)["replicas"][0]
+        log = Path(r0["log_path"])
+        return log.exists() and "step 30 loss" in log.read_text()
+
+    wait_for(at_step_30, timeout=120, what="step 30")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert tg.json("status", job_id)["state"] == "INTERRUPTED"
+    res = tg("resume", job_id, "--quiet", timeout=300)
+    assert res.returncode == 0, res.stderr
+    job = tg.json("status", job_id)
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    assert _same_weights(baseline, tmp_path / "resumed.pt")

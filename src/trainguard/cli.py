@@ -14,10 +14,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard import __version__
-from trainguard.errors import JobNotFound, SpecError, TrainguardError
+from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
 from trainguard.explain import (
     aggregate,
     classify_file,
@@ -31,6 +31,9 @@ from trainguard.spec import JobSpec, load_spec_file, validate_spec
 from trainguard.states import JobState
 from trainguard.store import Store
 from trainguard.views import job_summary, job_view
+
+if TYPE_CHECKING:
+    from trainguard.master import Outcome
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -84,7 +87,16 @@ def _parser() -> argparse.ArgumentParser:
         run.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
     run.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the job of this name if it was interrupted or cancelled, else start it",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    res = sub.add_parser("resume", help="continue an interrupted or cancelled job")
+    res.add_argument("job", help="job id or name")
+    res.add_argument("--quiet", action="store_true", help="do not tee replica output")
 
     jobs = sub.add_parser("jobs", help="list jobs")
     jobs.add_argument("--json", action="store_true")
@@ -219,10 +231,32 @@ def _default_name(command: list[str]) -> str:
 
 
 def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
-    from trainguard.runner import run_job
+    from trainguard.runner import RESUMABLE, resume_job, run_job
 
     spec = build_spec(args, command)
-    job_id, outcome = run_job(spec, store, tee=None if args.quiet else sys.stdout)
+    tee = None if args.quiet else sys.stdout
+    if args.resume:
+        reap_interrupted(store)
+        try:
+            job = store.resolve_job(spec.name)
+        except JobNotFound:
+            job = None
+        if job is not None and JobState(job["state"]) in RESUMABLE:
+            return _report(*resume_job(job, store, tee=tee))
+        if job is not None and not JobState(job["state"]).is_terminal:
+            raise ResumeError(f"job {job['id']} ({spec.name}) is {job['state']}: it still runs")
+    return _report(*run_job(spec, store, tee=tee))
+
+
+def cmd_resume(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.runner import resume_job
+
+    job = store.resolve_job(args.job)
+    return _report(*resume_job(job, store, tee=None if args.quiet else sys.stdout))
+
+
+def _report(job_id: str, outcome: Outcome) -> int:
+    """The end of `run` or `resume`: the outcome in words, and the exit status."""
     state = outcome.state
     err = sys.stderr
     if state is JobState.SUCCEEDED:
@@ -450,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             "stacks": cmd_stacks,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
+            "resume": cmd_resume,
         }[args.cmd]
         return handler(args, store)
     except SpecError as exc:

@@ -3,6 +3,7 @@
 TrainguardError            anything the CLI turns into one clear line, never a traceback
 ├── SpecError              a job spec or flag is invalid (one problem per line; exit 2)
 ├── JobNotFound            a job id or name matches no job (or several)
+├── ResumeError            the job cannot be resumed (it finished, or still runs)
 └── StoreError             the state database cannot be opened or written
 """
 
@@ -26,6 +27,10 @@ class SpecError(TrainguardError):
 
 
 class JobNotFound(TrainguardError):
+    exit_code = 2
+
+
+class ResumeError(TrainguardError):
     exit_code = 2
 
 

@@ -106,7 +106,9 @@ class Master:
         cwd: str,
         say: Callable[[str], None] = lambda _msg: None,
         clock: Callable[[], float] = time.time,
+        resume_after: tuple[int, int] | None = None,
     ) -> None:
+        """`resume_after` = (attempts, restarts) a resumed job already had: numbering goes on."""
         self.job_id = job_id
         self.spec = spec
         self.ft = spec.fault_tolerance
@@ -145,6 +147,9 @@ class Master:
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
         self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
         self.ledger = Ledger(recorder, self.gpus, say)
+        if resume_after is not None:
+            self.attempt = resume_after[0] - 1
+            self.ledger.restarts = resume_after[1]
 
     # -------------------------------------------------------------- the loop
 

@@ -46,6 +46,20 @@ class Recorder:
         )
         self.store.record_transition(self.job_id, None, JobState.PENDING, at_s, "created")
 
+    def job_resumed(self, prev: JobState, at_s: float, master: dict[str, Any]) -> None:
+        """The same job again, under a new master: records and logs go on where they were."""
+        self.store.record_transition(
+            self.job_id,
+            prev,
+            JobState.PENDING,
+            at_s,
+            "resumed",
+            ended_at_s=None,
+            error_code=None,
+            error_message=None,
+            **master,
+        )
+
     def transition(
         self, prev: JobState, state: JobState, at_s: float, reason: str, **job_values: Any
     ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -10,13 +11,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from trainguard.backends.local import LocalBackend
+from trainguard.errors import ResumeError
 from trainguard.liveness import master_identity, reap_interrupted
 from trainguard.master import Master, Outcome
 from trainguard.recorder import Recorder
-from trainguard.spec import JobSpec
+from trainguard.spec import JobSpec, validate_spec
+from trainguard.states import JobState
 from trainguard.store import Store
 
 
@@ -48,8 +51,13 @@ def run_job(
     job_id = new_job_id()
     log_dir = store.home / "jobs" / job_id
     recorder = Recorder(store, job_id)
+    cwd = cwd or os.getcwd()
     recorder.job_created(
-        name=spec.name, spec=spec, log_dir=log_dir, at_s=time.time(), master=master_identity()
+        name=spec.name,
+        spec=spec,
+        log_dir=log_dir,
+        at_s=time.time(),
+        master={**master_identity(), "cwd": cwd},
     )
     say = _say_to(status)
     say(f"job {job_id} ({spec.name}): {spec.world_size} replica(s), logs in {log_dir}")
@@ -59,8 +67,49 @@ def run_job(
         backend=LocalBackend(tee=tee),
         recorder=recorder,
         log_dir=log_dir,
-        cwd=cwd or os.getcwd(),
+        cwd=cwd,
         say=say,
+    )
+    return job_id, asyncio.run(_supervise(master))
+
+
+RESUMABLE = (JobState.INTERRUPTED, JobState.CANCELLED)
+"""A job stopped from outside can go on; one that succeeded or failed on its own is done."""
+
+
+def resume_job(
+    job: dict[str, Any],
+    store: Store,
+    *,
+    tee: TextIO | None = sys.stdout,
+    status: TextIO = sys.stderr,
+) -> tuple[str, Outcome]:
+    """Continue `job` under this process as its new master: same id, a new attempt."""
+    reap_interrupted(store)
+    job = store.job(job["id"])
+    state = JobState(job["state"])
+    if state not in RESUMABLE:
+        live = "" if state.is_terminal else f" (its master, pid {job['master_pid']}, is alive)"
+        raise ResumeError(
+            f"job {job['id']} is {state.value}{live}; only an interrupted or cancelled "
+            "job can be resumed"
+        )
+    spec = validate_spec(json.loads(job["spec_json"]))
+    job_id = str(job["id"])
+    recorder = Recorder(store, job_id)
+    restarts = len(store.restarts_of(job_id))
+    recorder.job_resumed(state, time.time(), master_identity())
+    say = _say_to(status)
+    say(f"job {job_id} ({spec.name}): resumed after {job['attempts']} attempt(s)")
+    master = Master(
+        job_id=job_id,
+        spec=spec,
+        backend=LocalBackend(tee=tee),
+        recorder=recorder,
+        log_dir=Path(job["log_dir"]),
+        cwd=job["cwd"] or os.getcwd(),
+        say=say,
+        resume_after=(int(job["attempts"]), restarts),
     )
     return job_id, asyncio.run(_supervise(master))
 

@@ -56,6 +56,7 @@ jobs = Table(
     Column("master_host", String(255)),
     Column("master_started_ticks", Integer),  # /proc start time: tells a reused pid apart
     Column("log_dir", Text, nullable=False),
+    Column("cwd", Text),  # where its replicas run, for `trainguard resume`
 )
 
 attempts = Table(
