@@ -75,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--framework", help="pytorch (default) or generic")
     run.add_argument("--success-policy", help="chief (default) or all")
     run.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
+    run.add_argument(
+        "--inject",
+        action="append",
+        dest="fault_injection",
+        metavar="SPEC",
+        help="fault_injection: e.g. signal:worker-1:SIGKILL@20s, stop:worker-0@step=50, master@30s",
+    )
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
     run.add_argument(
         "--retryable-error",
@@ -201,6 +208,8 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     for key in ("name", "framework", "success_policy"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
+    if args.fault_injection:
+        data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if "name" not in data and command:
@@ -217,6 +226,8 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
     flags["gpu_inventory"] = "--gpus"
     field = line.split(":", 1)[0]
+    if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
+        return f"{line} (from --inject)"
     dest = field.removeprefix("fault_tolerance.")
     if field in flags and getattr(args, dest, None) is not None:
         return f"{line} (from {flags[field]})"

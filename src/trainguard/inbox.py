@@ -23,9 +23,12 @@ class Inbox:
         self.clock = clock
         self.retryable_errors: dict[str, list[str]] = {}  # replica -> its keywords
         self.faulthandler: set[str] = set()  # replicas that dump stacks on SIGUSR2
+        self.on_step: Callable[[str, int], None] = lambda _replica, _step: None
 
     def on_heartbeat(self, replica: str, step: int | None) -> None:
         self.hangs.beat(replica, step)
+        if step is not None:
+            self.on_step(replica, step)
 
     def on_hang_detect(self, replica: str, seconds: float | None) -> None:
         self.hangs.scope(replica, seconds)

@@ -38,6 +38,7 @@ class Ledger:
         self.snapshot_id: int | None = None  # stacks taken for the current failure
         self._cascade: list[str] = []
         self._isolation: str | None = None
+        self.injected: dict[str, str] = {}  # replica -> the injection it got this attempt
 
     def failure(self, root: Failure, others: Sequence[Failure], decision: Decision) -> None:
         """Charge the budgets; write the root cause and each failure of its cascade."""
@@ -65,7 +66,11 @@ class Ledger:
             replica=failure.replica,
             error_code=error_code(c),
             error_message=c.message,
-            error_source=error_source(c),
+            error_source=(
+                "injection"
+                if failure.replica in self.injected and c.kind != "hang"
+                else error_source(c)
+            ),
             failure_class=c.failure_class.value if c.failure_class else None,
             rule=c.rule,
             decision=describe(decision),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from trainguard.diagnose import diagnose
 from trainguard.gpus import GpuPool, NotEnoughGpus
 from trainguard.hangs import HangDetected, HangWatch
 from trainguard.inbox import Inbox
+from trainguard.inject import FaultInjector, Injection, parse_injection
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
 from trainguard.ledger import Ledger
 from trainguard.policy import (
@@ -142,6 +144,10 @@ class Master:
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
         self._exit_hang_timer: asyncio.TimerHandle | None = None
         self.inbox = Inbox(self.hangs, recorder, say, clock)
+        self.faults = FaultInjector(
+            [parse_injection(t) for t in spec.fault_injection], self._inject
+        )
+        self.inbox.on_step = self.faults.on_step
         self.sdk = SdkServer(self.inbox, new_token())
         self.rules()  # load the catalogue now, not on the first failure
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
@@ -190,6 +196,7 @@ class Master:
         finally:
             watch.cancel()
             self._cancel_exit_hang()
+            self.faults.disarm()
             await self.backend.close()
             await self._settle()
             await self.sdk.close()
@@ -263,6 +270,8 @@ class Master:
             return
         self._cancel_exit_hang()
         self.hangs.disarm()
+        self.faults.disarm()
+        self.ledger.injected = {}
         self.attempt += 1
         self._rendezvous = await self.backend.rendezvous()
         addr, port = self._rendezvous
@@ -313,6 +322,7 @@ class Master:
             n = len(self.replicas)
             self._transition(JobState.RUNNING, f"attempt {self.attempt}: all {n} replicas running")
             self.hangs.arm(self.attempt)
+            self.faults.arm(self.attempt)
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
         pending = self._pending
@@ -563,6 +573,22 @@ class Master:
         self.say(f"{failure.classification.message} -> {describe(decision)}")
         await self._apply(decision, failure, failure.time_s)
         self.ledger.snapshot_id = None
+
+    def _inject(self, inj: Injection) -> None:
+        """Fire one injected fault (recorded as such) into the running attempt."""
+        if self.state is not JobState.RUNNING or inj.attempt != self.attempt:
+            return
+        self.rec.event(self.clock(), inj.replica, "injection", inj.describe())
+        self.say(f"injecting a fault: {inj.describe()}")
+        if inj.action == "master":
+            os.kill(os.getpid(), signal.SIGKILL)
+        rep = self.replicas.get(inj.replica or "")
+        if rep is None or rep.pid is None or rep.state.is_terminal:
+            return
+        self.ledger.injected[rep.plan.name] = inj.text
+        sig = signal.SIGSTOP if inj.action == "stop" else int(inj.signal or signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rep.pid, sig)
 
     async def _internal_error(self, exc: Exception) -> bool:
         """A fault of trainguard or its backend: retried as Vertex does (2 more attempts).

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trainguard.errors import SpecError
 
@@ -150,6 +158,17 @@ class JobSpec(_Model):
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     # The GPU ids this job may use on this machine (default: what nvidia-smi lists).
     gpu_inventory: list[int] | None = None
+    # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
+    fault_injection: list[str] = Field(default_factory=list)
+
+    @field_validator("fault_injection")
+    @classmethod
+    def _injections(cls, value: list[str]) -> list[str]:
+        from trainguard.inject import parse_injection
+
+        for text in value:
+            parse_injection(text)  # a ValueError names the problem
+        return value
 
     @model_validator(mode="after")
     def _unique_roles(self) -> JobSpec:

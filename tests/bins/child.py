@@ -7,6 +7,7 @@
           trap-term (ignore SIGTERM)  keyword:REGEX (sdk.set_retryable_errors)
           scoped-sleep:LIMIT:SECONDS (sleep inside sdk.hang_detect(LIMIT))
           message:TEXT (sdk.send_custom_message)  env:NAME (print a variable)
+          beats:N (sdk.heartbeat for steps 1..N)
           spawn-child (start a grandchild in the same group that sleeps forever)
 
 Actions run in order; a replica that runs out of actions exits 0.
@@ -58,6 +59,12 @@ for action in sys.argv[1:]:
         limit, seconds = arg.split(":")
         with sdk.hang_detect(float(limit)):
             time.sleep(float(seconds))
+    elif verb == "beats":  # heartbeats for steps 1..N, 0.1 s apart
+        from trainguard import sdk
+
+        for step in range(1, int(arg) + 1):
+            sdk.heartbeat(step)
+            time.sleep(0.1)
     elif verb == "message":
         from trainguard import sdk
 

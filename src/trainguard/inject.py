@@ -1,0 +1,120 @@
+"""Built-in fault injection (issue 5): `--inject SPEC`, for users to test their resilience.
+
+    signal:REPLICA:SIGNAL@TRIGGER   e.g. signal:worker-1:SIGKILL@20s, signal:worker-0:SEGV@step=50
+    stop:REPLICA@TRIGGER            SIGSTOP: a hang without a code change
+    master@TRIGGER                  SIGKILL the master itself (then `trainguard resume`)
+
+TRIGGER is `Ns` (seconds after the attempt is running) or `step=N` (when the replica
+reports that step through the SDK). An injection fires once, in attempt 0 unless
+`,attempt=N` follows the trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from trainguard.signals import parse_signal, signal_name
+
+_SPEC = re.compile(
+    r"^(?P<action>signal|stop|master)"
+    r"(?::(?P<replica>[a-z][a-z0-9_-]*-\d+))?"
+    r"(?::(?P<signal>[A-Za-z0-9]+))?"
+    r"@(?:(?P<after>\d+(?:\.\d+)?)s|step=(?P<step>\d+))"
+    r"(?:,attempt=(?P<attempt>\d+))?$"
+)
+
+
+@dataclass(frozen=True)
+class Injection:
+    action: Literal["signal", "stop", "master"]
+    replica: str | None
+    signal: int | None
+    after_s: float | None
+    at_step: int | None
+    attempt: int
+    text: str
+
+    def describe(self) -> str:
+        what = {
+            "signal": f"send {signal_name(self.signal or 0)} to {self.replica}",
+            "stop": f"SIGSTOP {self.replica}",
+            "master": "SIGKILL the master",
+        }[self.action]
+        when = (
+            f"{self.after_s:g} s into" if self.after_s is not None else f"at step {self.at_step} of"
+        )
+        return f"{what} {when} attempt {self.attempt}"
+
+
+def parse_injection(text: str) -> Injection:
+    """One `--inject` value; ValueError names what is wrong."""
+    m = _SPEC.match(text.strip())
+    if m is None:
+        raise ValueError(
+            f"must look like signal:worker-1:SIGKILL@20s, stop:worker-0@step=50 or master@30s, "
+            f"got {text!r}"
+        )
+    action = m["action"]
+    if action in ("signal", "stop") and not m["replica"]:
+        raise ValueError(f"{action} needs a replica, e.g. {action}:worker-1, got {text!r}")
+    if action == "master" and (m["replica"] or m["signal"]):
+        raise ValueError(f"master takes no replica or signal, got {text!r}")
+    sig: int | None = None
+    if action == "signal":
+        if not m["signal"]:
+            raise ValueError(
+                f"signal needs a signal, e.g. signal:worker-1:SIGKILL@5s, got {text!r}"
+            )
+        sig = parse_signal(m["signal"])
+    elif m["signal"]:
+        raise ValueError(f"{action} takes no signal, got {text!r}")
+    return Injection(
+        action=action,  # type: ignore[arg-type]
+        replica=m["replica"],
+        signal=sig,
+        after_s=float(m["after"]) if m["after"] else None,
+        at_step=int(m["step"]) if m["step"] else None,
+        attempt=int(m["attempt"] or 0),
+        text=text,
+    )
+
+
+class FaultInjector:
+    """Fires each injection once, when its attempt reaches its time or step."""
+
+    def __init__(self, injections: list[Injection], fire: Callable[[Injection], None]) -> None:
+        self._pending = list(injections)
+        self._fire = fire
+        self._attempt = -1
+        self._timers: list[asyncio.TimerHandle] = []
+
+    def arm(self, attempt: int) -> None:
+        """The attempt is running: start the clocks of its timed injections."""
+        self.disarm()
+        self._attempt = attempt
+        loop = asyncio.get_running_loop()
+        for inj in self._pending:
+            if inj.attempt == attempt and inj.after_s is not None:
+                self._timers.append(loop.call_later(inj.after_s, self._once, inj))
+
+    def disarm(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
+        self._attempt = -1
+
+    def on_step(self, replica: str, step: int) -> None:
+        for inj in list(self._pending):
+            due = inj.at_step is not None and step >= inj.at_step
+            mine = inj.replica in (None, replica)
+            if due and mine and inj.attempt == self._attempt:
+                self._once(inj)
+
+    def _once(self, inj: Injection) -> None:
+        if inj in self._pending:
+            self._pending.remove(inj)
+            self._fire(inj)

@@ -1,0 +1,96 @@
+"""Built-in fault injection: `--inject SPEC`, parsed strictly and fired for real."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TG, child
+
+from trainguard.inject import parse_injection
+from trainguard.store import Store
+
+
+@pytest.mark.parametrize(
+    ("text", "description"),
+    [
+        ("signal:worker-1:SIGKILL@20s", "send SIGKILL to worker-1 20 s into attempt 0"),
+        ("signal:worker-0:segv@step=50", "send SIGSEGV to worker-0 at step 50 of attempt 0"),
+        ("stop:worker-2@1.5s,attempt=1", "SIGSTOP worker-2 1.5 s into attempt 1"),
+        ("master@30s", "SIGKILL the master 30 s into attempt 0"),
+    ],
+)
+def test_parse(text: str, description: str) -> None:
+    assert parse_injection(text).describe() == description
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("kill:worker-1@1s", "must look like"),
+        ("signal:worker-1@1s", "signal needs a signal"),
+        ("stop@1s", "stop needs a replica"),
+        ("master:worker-0@1s", "master takes no replica"),
+        ("signal:worker-1:NOPE@1s", "unknown signal"),
+        ("signal:worker-1:KILL", "must look like"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse_injection(text)
+
+
+def test_a_bad_inject_flag_is_one_line_and_exit_2(tg: TG) -> None:
+    res = tg("run", "--inject", "kill:x@1s", "--", "true")
+    assert res.returncode == 2
+    assert res.stderr.startswith("trainguard: fault_injection: must look like")
+    assert "(from --inject)" in res.stderr and "Traceback" not in res.stderr
+
+
+def _run(tg: TG, *args: str, actions: tuple[str, ...]) -> int:
+    res = tg("run", "--quiet", "--nproc", "2", *args, "--", *child(*actions))
+    return res.returncode
+
+
+def test_an_injected_kill_is_recovered_and_recorded_as_an_injection(tg: TG) -> None:
+    rc = _run(tg, "--inject", "signal:worker-1:SIGKILL@1s", actions=("*@0:forever",))
+    assert rc == 0
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    (rec,) = tg.json("records", job["id"])
+    assert (rec["replica"], rec["error_source"], rec["error_code"]) == (
+        "worker-1",
+        "injection",
+        "137",
+    )
+    (ev,) = Store(tg.home).events_of(job["id"])
+    assert (ev["kind"], ev["text"]) == ("injection", "send SIGKILL to worker-1 1 s into attempt 0")
+
+
+def test_an_injected_segfault_at_a_reported_step(tg: TG) -> None:
+    rc = _run(tg, "--inject", "signal:worker-0:SEGV@step=3", actions=("*@0:beats:50",))
+    assert rc == 0
+    (rec,) = tg.json("records", tg.only_job()["id"])
+    assert (rec["replica"], rec["failure_class"]) == ("worker-0", "transient_exit")
+
+
+def test_an_injected_sigstop_is_a_hang_and_the_stopped_rank_is_named(tg: TG) -> None:
+    rc = _run(
+        tg,
+        "--inject",
+        "stop:worker-1@0.5s",
+        "--job-hang-interval",
+        "2",
+        actions=("*@0:forever",),
+    )
+    assert rc == 0
+    job = tg.only_job()
+    (f,) = tg.json("explain", job["id"])["failures"]
+    assert (f["failure_class"], f["replica"]) == ("hang", "worker-1")
+
+
+def test_an_injected_master_kill_then_resume(tg: TG) -> None:
+    rc = _run(tg, "--inject", "master@1s", actions=("*@0:forever",))
+    assert rc == -9
+    assert tg.only_job()["state"] == "INTERRUPTED"
+    res = tg("resume", "child", "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert tg.only_job()["state"] == "SUCCEEDED"
