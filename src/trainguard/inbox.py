@@ -24,6 +24,9 @@ class Inbox:
         self.retryable_errors: dict[str, list[str]] = {}  # replica -> its keywords
         self.faulthandler: set[str] = set()  # replicas that dump stacks on SIGUSR2
         self.on_step: Callable[[str, int], None] = lambda _replica, _step: None
+        self.on_progress: Callable[[str, int | None, dict[str, object], str | None], None] = (
+            lambda *_: None
+        )
 
     def on_heartbeat(self, replica: str, step: int | None) -> None:
         self.hangs.beat(replica, step)
@@ -39,6 +42,12 @@ class Inbox:
     def on_message(self, replica: str, text: str) -> None:
         self.rec.event(self.clock(), replica, "custom_message", text)
         self.say(f"message from {replica}: {text}")
+
+    def on_report(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        self.on_heartbeat(replica, step)
+        self.on_progress(replica, step, metrics, checkpoint)
 
     def on_faulthandler(self, replica: str) -> None:
         self.faulthandler.add(replica)

@@ -24,6 +24,7 @@ from trainguard.backends.base import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
+from trainguard.checkpoints import apply_retention
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
     ExitKind,
@@ -148,6 +149,9 @@ class Master:
             [parse_injection(t) for t in spec.fault_injection], self._inject
         )
         self.inbox.on_step = self.faults.on_step
+        self.inbox.on_progress = self._on_progress
+        storage = spec.checkpoint.storage
+        self.checkpoints = Path(storage).resolve() if storage else log_dir / "checkpoints"
         self.sdk = SdkServer(self.inbox, new_token())
         self.rules()  # load the catalogue now, not on the first failure
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
@@ -245,6 +249,7 @@ class Master:
         log_path = self._log_path(self.attempt, plan.name, rep.restarts)
         env["TRAINGUARD_MASTER_URL"] = self.sdk.url
         env["TRAINGUARD_TOKEN"] = self.sdk.token
+        env["TRAINGUARD_CHECKPOINT_DIR"] = str(self.checkpoints)
         env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
         devices = self.gpus.visible_devices(plan.name)
         if devices is not None:
@@ -573,6 +578,25 @@ class Master:
         self.say(f"{failure.classification.message} -> {describe(decision)}")
         await self._apply(decision, failure, failure.time_s)
         self.ledger.snapshot_id = None
+
+    def _on_progress(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        """sdk.report: the job's progress; a new checkpoint triggers retention."""
+        now = self.clock()
+        self.rec.progress(now, step, metrics)
+        if checkpoint is None:
+            return
+        policy = self.spec.checkpoint
+        gone = apply_retention(
+            self.checkpoints,
+            keep_last=policy.keep_last,
+            keep_best=policy.keep_best,
+            score_attribute=policy.score_attribute,
+            score_order=policy.score_order,
+        )
+        deleted = f"; retention deleted {', '.join(gone)}" if gone else ""
+        self.rec.event(now, replica, "checkpoint", f"{checkpoint} at step {step}{deleted}")
 
     def _inject(self, inj: Injection) -> None:
         """Fire one injected fault (recorded as such) into the running attempt."""

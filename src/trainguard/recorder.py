@@ -182,6 +182,14 @@ class Recorder:
             snapshots_json=json.dumps(snapshots),
         )
 
+    def progress(self, at_s: float, step: int | None, metrics: dict[str, object]) -> None:
+        self.store.update_job(
+            self.job_id,
+            last_step=step,
+            last_metrics_json=json.dumps(metrics, sort_keys=True),
+            last_progress_s=at_s,
+        )
+
     def event(self, at_s: float, replica: str | None, kind: str, text: str) -> None:
         self.store.insert(
             events, job_id=self.job_id, at_s=at_s, replica=replica, kind=kind, text=text

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -160,6 +161,48 @@ def set_retryable_errors(patterns: list[str]) -> None:
     if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"patterns: expected a list of strings, got {patterns!r}")
     _post("/v1/retryable_errors", {"patterns": list(patterns)})
+
+
+ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"
+
+
+def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
+    """Report progress (`metrics`, with `step` if it has one) and, optionally, a checkpoint
+    folder: it is committed into the job's storage atomically before the master is told,
+    so `get_checkpoint()` after any crash returns the latest complete one."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics: expected a dict, got {metrics!r}")
+    step = metrics.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    name: str | None = None
+    storage = os.environ.get(ENV_CHECKPOINT_DIR)
+    if checkpoint is not None and storage:
+        from trainguard import checkpoints
+
+        name = checkpoints.commit(
+            Path(checkpoint), Path(storage), step=step, metrics=dict(metrics)
+        ).name
+    _post("/v1/report", {"step": step, "metrics": dict(metrics), "checkpoint": name})
+
+
+def get_checkpoint() -> str | None:
+    """The folder of the latest complete checkpoint of this job, or None."""
+    storage = os.environ.get(ENV_CHECKPOINT_DIR)
+    if not storage:
+        return None
+    from trainguard import checkpoints
+
+    found = checkpoints.latest(Path(storage))
+    return str(found) if found else None
+
+
+def mark_checkpoint_bad(path: str) -> None:
+    """This checkpoint could not be loaded: `get_checkpoint()` will offer the one before."""
+    storage = os.environ.get(ENV_CHECKPOINT_DIR)
+    if storage:
+        from trainguard import checkpoints
+
+        checkpoints.mark_bad(Path(storage), Path(path))
 
 
 def send_custom_message(text: str) -> None:

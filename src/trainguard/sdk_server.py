@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class SdkHandler(Protocol):
 
     def on_message(self, replica: str, text: str) -> None: ...
 
+    def on_report(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        """Progress reported by `sdk.report` (also a heartbeat); `checkpoint` names a
+        checkpoint the replica has just committed into the job's storage."""
+
     def on_faulthandler(self, replica: str) -> None:
         """The replica dumps its stacks on SIGUSR2: safe to send when py-spy cannot attach."""
 
@@ -92,6 +99,7 @@ _ROUTES: dict[str, Callable[[SdkHandler, str, _Body], None]] = {
     "/v1/retryable_errors": lambda h, replica, b: h.on_retryable_errors(replica, _patterns(b)),
     "/v1/message": lambda h, replica, b: h.on_message(replica, _text(b)),
     "/v1/faulthandler": lambda h, replica, b: h.on_faulthandler(replica),
+    "/v1/report": lambda h, replica, b: h.on_report(replica, _step(b), _metrics(b), _checkpoint(b)),
 }
 _PING = "/v1/ping"
 
@@ -318,6 +326,27 @@ def _patterns(body: _Body) -> list[str]:
     for i, pattern in enumerate(value):
         if not (isinstance(pattern, str) and len(pattern) <= MAX_PATTERN_CHARS):
             raise _bad(f"patterns[{i}]", f"a string of at most {MAX_PATTERN_CHARS} chars", pattern)
+    return value
+
+
+MAX_METRICS = 100
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_\d{6,}$")
+
+
+def _metrics(body: _Body) -> dict[str, object]:
+    value = body.get("metrics")
+    if not (isinstance(value, dict) and len(value) <= MAX_METRICS):
+        raise _bad("metrics", f"an object of at most {MAX_METRICS} entries", value)
+    for key, item in value.items():
+        if not (isinstance(item, int | float | str | bool) or item is None):
+            raise _bad(f"metrics.{key}", "a number, string, boolean or null", item)
+    return value
+
+
+def _checkpoint(body: _Body) -> str | None:
+    value = body.get("checkpoint")
+    if value is not None and not (isinstance(value, str) and _CHECKPOINT_NAME.match(value)):
+        raise _bad("checkpoint", "null or a name like checkpoint_000001", value)
     return value
 
 

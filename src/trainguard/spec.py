@@ -150,12 +150,23 @@ class FaultTolerance(_Model):
         return data
 
 
+class CheckpointPolicy(_Model):
+    """Where `sdk.report(..., checkpoint=dir)` commits, and what retention keeps."""
+
+    storage: str | None = None  # default: <job folder>/checkpoints
+    keep_last: int = Field(default=3, ge=1)
+    keep_best: int = Field(default=0, ge=0)
+    score_attribute: str | None = None
+    score_order: Literal["max", "min"] = "max"
+
+
 class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
     framework: Literal["pytorch", "generic"] = "pytorch"
     worker_pools: list[WorkerPool] = Field(min_length=1)
     success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     # The GPU ids this job may use on this machine (default: what nvidia-smi lists).
     gpu_inventory: list[int] | None = None
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".

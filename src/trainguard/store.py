@@ -57,6 +57,9 @@ jobs = Table(
     Column("master_started_ticks", Integer),  # /proc start time: tells a reused pid apart
     Column("log_dir", Text, nullable=False),
     Column("cwd", Text),  # where its replicas run, for `trainguard resume`
+    Column("last_step", Integer),  # progress, from sdk.report
+    Column("last_metrics_json", Text),
+    Column("last_progress_s", Float),
 )
 
 attempts = Table(

@@ -17,6 +17,7 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
         if r["attempt"] == last_attempt:
             latest[r["replica"]] = r  # the last run of each replica wins
     restarts = store.restarts_of(job_id)
+    metrics = job.get("last_metrics_json")
     return {
         "id": job_id,
         "name": job["name"],
@@ -29,6 +30,11 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
         "ended_at_s": job["ended_at_s"],
         "master_pid": job["master_pid"],
         "log_dir": job["log_dir"],
+        "progress": {
+            "step": job.get("last_step"),
+            "metrics": json.loads(metrics) if metrics else None,
+            "at_s": job.get("last_progress_s"),
+        },
         "spec": json.loads(job["spec_json"]),
         "replicas": [
             {

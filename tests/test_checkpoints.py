@@ -1,0 +1,133 @@
+"""Checkpoints committed atomically, verified, retained; report/get_checkpoint for real."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TG
+
+from trainguard import checkpoints as ck
+from trainguard.checkpoints import Entry, to_keep
+
+
+def _folder(tmp_path: Path, name: str, text: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "model.bin").write_text(text)
+    (d / "sub").mkdir()
+    (d / "sub" / "opt.bin").write_text(text * 2)
+    return d
+
+
+def test_commit_is_numbered_complete_and_verified(tmp_path: Path) -> None:
+    storage = tmp_path / "store"
+    a = ck.commit(_folder(tmp_path, "a", "1"), storage, step=10, metrics={"loss": 0.5})
+    b = ck.commit(_folder(tmp_path, "b", "2"), storage, step=20)
+    assert (a.name, b.name) == ("checkpoint_000001", "checkpoint_000002")
+    assert (b / "sub" / "opt.bin").read_text() == "22"
+    assert ck.verify(a) and ck.verify(b)
+    assert [e.step for e in ck.entries(storage)] == [10, 20]
+    assert not list(storage.glob(".incoming-*"))  # nothing half-written left behind
+    assert ck.latest(storage) == b
+
+
+def test_a_corrupt_or_unloadable_checkpoint_is_skipped(tmp_path: Path) -> None:
+    storage = tmp_path / "store"
+    first = ck.commit(_folder(tmp_path, "a", "1"), storage)
+    second = ck.commit(_folder(tmp_path, "b", "2"), storage)
+    (second / "model.bin").write_text("torn write")
+    assert not ck.verify(second)
+    assert ck.latest(storage) == first
+    third = ck.commit(_folder(tmp_path, "c", "3"), storage)
+    assert ck.latest(storage) == third
+    ck.mark_bad(storage, third)  # the training code could not load it
+    assert ck.latest(storage) == first
+
+
+def test_a_folder_without_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
+    storage = tmp_path / "store"
+    (storage / "checkpoint_000009").mkdir(parents=True)
+    assert ck.entries(storage) == [] and ck.latest(storage) is None
+    with pytest.raises(FileNotFoundError):
+        ck.commit(tmp_path / "missing", storage)
+
+
+def _entries(*losses: float) -> list[Entry]:
+    return [Entry(f"checkpoint_{i:06d}", i, i, {"loss": x}) for i, x in enumerate(losses, 1)]
+
+
+@pytest.mark.parametrize(
+    ("kw", "kept"),
+    [
+        ({"keep_last": 2}, [4, 5]),
+        (
+            {"keep_last": 1, "keep_best": 2, "score_attribute": "loss", "score_order": "min"},
+            [2, 3, 5],
+        ),
+        ({"keep_last": 1, "keep_best": 1, "score_attribute": "loss", "score_order": "max"}, [1, 5]),
+        ({"keep_last": 1, "keep_best": 2, "score_attribute": "acc"}, [5]),  # no such metric
+    ],
+)
+def test_retention_keeps_the_latest_and_the_best(kw: dict[str, object], kept: list[int]) -> None:
+    names = to_keep(_entries(0.9, 0.1, 0.2, 0.8, 0.7), **kw)  # type: ignore[arg-type]
+    assert names == [f"checkpoint_{i:06d}" for i in kept]
+
+
+def test_retention_writes_the_index_then_deletes(tmp_path: Path) -> None:
+    storage = tmp_path / "store"
+    for i in range(5):
+        ck.commit(_folder(tmp_path, f"f{i}", str(i)), storage, metrics={"loss": i})
+    gone = ck.apply_retention(storage, keep_last=2)
+    assert gone == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+    index = json.loads((storage / "index.json").read_text())
+    assert index == {"checkpoints": ["checkpoint_000004", "checkpoint_000005"]}
+    assert sorted(p.name for p in storage.glob("checkpoint_*")) == index["checkpoints"]
+
+
+def test_report_and_get_checkpoint_lose_nothing_across_a_kill(tg: TG, tmp_path: Path) -> None:
+    result = tmp_path / "result.json"
+    steps = 12
+    res = tg(
+        "run",
+        "--quiet",
+        "--nproc",
+        "2",
+        "--inject",
+        "signal:worker-0:SIGKILL@step=5",
+        "--",
+        sys.executable,
+        str(ROOT / "tests" / "bins" / "sdk_train.py"),
+        str(steps),
+        str(result),
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(result.read_text())
+    assert out["total"] == sum(range(1, steps + 1))  # nothing lost, nothing counted twice
+    assert out["resumed_from"] >= 4
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    assert job["progress"]["step"] == steps and job["progress"]["metrics"]["step"] == steps
+    storage = Path(job["log_dir"]) / "checkpoints"
+    kept = json.loads((storage / "index.json").read_text())["checkpoints"]
+    assert len(kept) == 3  # keep_last defaults to 3
+    assert sorted(p.name for p in storage.glob("checkpoint_*")) == kept
+
+
+def test_outside_trainguard_report_and_get_checkpoint_do_nothing(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    code = (
+        "from trainguard import sdk; print(sdk.get_checkpoint()); "
+        "sdk.report({'step': 1}, checkpoint='/no/such/folder'); print('ok')"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["None", "ok"]
+    assert res.stderr.count("SdkWarning") == 1
