@@ -131,3 +131,27 @@ def test_outside_trainguard_report_and_get_checkpoint_do_nothing(tmp_path: Path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["None", "ok"]
     assert res.stderr.count("SdkWarning") == 1
+
+
+def test_a_new_job_can_start_from_a_given_checkpoint(tg: TG, tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "state.json").write_text(json.dumps({"step": 9, "total": 45}))
+    result = tmp_path / "result.json"
+    script = str(ROOT / "tests" / "bins" / "sdk_train.py")
+    res = tg(
+        "run",
+        "--quiet",
+        "--from-checkpoint",
+        str(seed),
+        "--",
+        sys.executable,
+        script,
+        "12",
+        str(result),
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(result.read_text())
+    assert out == {"total": sum(range(1, 13)), "resumed_from": 9}
+    res = tg("run", "--from-checkpoint", str(tmp_path / "nope"), "--", "true")
+    assert res.returncode == 2 and "--from-checkpoint: not a folder" in res.stderr

@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
     run.add_argument("--framework", help="pytorch (default) or generic")
     run.add_argument("--success-policy", help="chief (default) or all")
+    run.add_argument(
+        "--from-checkpoint",
+        dest="initial_checkpoint",
+        metavar="PATH",
+        help="checkpoint.initial: start a new job from this checkpoint folder",
+    )
     run.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
     run.add_argument(
         "--inject",
@@ -208,6 +214,11 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     for key in ("name", "framework", "success_policy"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
+    if args.initial_checkpoint is not None:
+        path = Path(args.initial_checkpoint)
+        if not path.is_dir():
+            raise SpecError([f"--from-checkpoint: not a folder: {args.initial_checkpoint!r}"])
+        data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
         data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
     if args.gpus is not None:

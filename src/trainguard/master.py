@@ -24,7 +24,7 @@ from trainguard.backends.base import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
-from trainguard.checkpoints import apply_retention
+from trainguard.checkpoints import apply_retention, commit, entries
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
     ExitKind,
@@ -177,6 +177,13 @@ class Master:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def _seed_checkpoint(self) -> None:
+        """`--from-checkpoint`: the given folder becomes this new job's first checkpoint."""
+        initial = self.spec.checkpoint.initial
+        if initial and self.attempt < 0 and not entries(self.checkpoints):
+            made = commit(Path(initial), self.checkpoints)
+            self.rec.event(self.clock(), None, "checkpoint", f"{made.name} from {initial}")
+
     async def begin(self) -> None:
         """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
         self.backend.bind(self.post)
@@ -266,6 +273,7 @@ class Master:
         )
 
     async def _start_attempt(self) -> None:
+        self._seed_checkpoint()
         try:
             self.gpus.assign()
         except NotEnoughGpus as exc:

@@ -154,6 +154,9 @@ class CheckpointPolicy(_Model):
     """Where `sdk.report(..., checkpoint=dir)` commits, and what retention keeps."""
 
     storage: str | None = None  # default: <job folder>/checkpoints
+    # A new job that starts from a given checkpoint folder: it is committed as the first
+    # checkpoint of this job, so get_checkpoint() offers it (`--from-checkpoint PATH`).
+    initial: str | None = None
     keep_last: int = Field(default=3, ge=1)
     keep_best: int = Field(default=0, ge=0)
     score_attribute: str | None = None
