@@ -24,7 +24,6 @@ from trainguard.backends.base import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
-from trainguard.checkpoints import apply_retention, commit, entries
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
     ExitKind,
@@ -37,6 +36,7 @@ from trainguard.gpus import GpuPool, NotEnoughGpus
 from trainguard.hangs import HangDetected, HangWatch
 from trainguard.inbox import Inbox
 from trainguard.inject import FaultInjector, Injection, parse_injection
+from trainguard.keeper import CheckpointKeeper
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
 from trainguard.ledger import Ledger
 from trainguard.policy import (
@@ -149,9 +149,8 @@ class Master:
             [parse_injection(t) for t in spec.fault_injection], self._inject
         )
         self.inbox.on_step = self.faults.on_step
-        self.inbox.on_progress = self._on_progress
-        storage = spec.checkpoint.storage
-        self.checkpoints = Path(storage).resolve() if storage else log_dir / "checkpoints"
+        self.keeper = CheckpointKeeper(spec.checkpoint, log_dir, recorder, clock)
+        self.inbox.on_progress = self.keeper.on_progress
         self.sdk = SdkServer(self.inbox, new_token())
         self.rules()  # load the catalogue now, not on the first failure
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
@@ -176,13 +175,6 @@ class Master:
             task = asyncio.ensure_future(self.backend.stop(live, grace_s=0))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-
-    def _seed_checkpoint(self) -> None:
-        """`--from-checkpoint`: the given folder becomes this new job's first checkpoint."""
-        initial = self.spec.checkpoint.initial
-        if initial and self.attempt < 0 and not entries(self.checkpoints):
-            made = commit(Path(initial), self.checkpoints)
-            self.rec.event(self.clock(), None, "checkpoint", f"{made.name} from {initial}")
 
     async def begin(self) -> None:
         """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
@@ -256,7 +248,7 @@ class Master:
         log_path = self._log_path(self.attempt, plan.name, rep.restarts)
         env["TRAINGUARD_MASTER_URL"] = self.sdk.url
         env["TRAINGUARD_TOKEN"] = self.sdk.token
-        env["TRAINGUARD_CHECKPOINT_DIR"] = str(self.checkpoints)
+        env["TRAINGUARD_CHECKPOINT_DIR"] = str(self.keeper.storage)
         env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
         devices = self.gpus.visible_devices(plan.name)
         if devices is not None:
@@ -273,7 +265,8 @@ class Master:
         )
 
     async def _start_attempt(self) -> None:
-        self._seed_checkpoint()
+        if self.attempt < 0:
+            self.keeper.seed()
         try:
             self.gpus.assign()
         except NotEnoughGpus as exc:
@@ -586,25 +579,6 @@ class Master:
         self.say(f"{failure.classification.message} -> {describe(decision)}")
         await self._apply(decision, failure, failure.time_s)
         self.ledger.snapshot_id = None
-
-    def _on_progress(
-        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
-    ) -> None:
-        """sdk.report: the job's progress; a new checkpoint triggers retention."""
-        now = self.clock()
-        self.rec.progress(now, step, metrics)
-        if checkpoint is None:
-            return
-        policy = self.spec.checkpoint
-        gone = apply_retention(
-            self.checkpoints,
-            keep_last=policy.keep_last,
-            keep_best=policy.keep_best,
-            score_attribute=policy.score_attribute,
-            score_order=policy.score_order,
-        )
-        deleted = f"; retention deleted {', '.join(gone)}" if gone else ""
-        self.rec.event(now, replica, "checkpoint", f"{checkpoint} at step {step}{deleted}")
 
     def _inject(self, inj: Injection) -> None:
         """Fire one injected fault (recorded as such) into the running attempt."""

@@ -1,0 +1,51 @@
+"""What the master does with reported progress and checkpoints (R-CKPT-1)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainguard.checkpoints import apply_retention, commit, entries
+from trainguard.recorder import Recorder
+from trainguard.spec import CheckpointPolicy
+
+
+class CheckpointKeeper:
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        job_dir: Path,
+        rec: Recorder,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.storage = Path(policy.storage).resolve() if policy.storage else job_dir / "checkpoints"
+        self.rec = rec
+        self.clock = clock
+
+    def seed(self) -> None:
+        """`--from-checkpoint`: the given folder becomes a new job's first checkpoint."""
+        if self.policy.initial and not entries(self.storage):
+            made = commit(Path(self.policy.initial), self.storage)
+            self.rec.event(
+                self.clock(), None, "checkpoint", f"{made.name} from {self.policy.initial}"
+            )
+
+    def on_progress(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        """sdk.report: the job's progress; a new checkpoint triggers retention."""
+        now = self.clock()
+        self.rec.progress(now, step, metrics)
+        if checkpoint is None:
+            return
+        gone = apply_retention(
+            self.storage,
+            keep_last=self.policy.keep_last,
+            keep_best=self.policy.keep_best,
+            score_attribute=self.policy.score_attribute,
+            score_order=self.policy.score_order,
+        )
+        deleted = f"; retention deleted {', '.join(gone)}" if gone else ""
+        self.rec.event(now, replica, "checkpoint", f"{checkpoint} at step {step}{deleted}")
