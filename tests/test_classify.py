@@ -133,7 +133,12 @@ def test_clean_exit() -> None:
     assert c.rule == "clean-exit"
 
 
-@pytest.mark.parametrize("returncode", [-15, 143, -9, 0, 1])
+def test_asked_to_stop_but_finished_first_is_a_clean_exit() -> None:
+    c = _classify(0, stop_requested=True)
+    assert (c.kind, c.is_failure) == (ExitKind.CLEAN, False)
+
+
+@pytest.mark.parametrize("returncode", [-15, 143, -9, 1])
 def test_stop_requested_is_never_a_failure(returncode: int) -> None:
     c = _classify(returncode, stop_requested=True)
     assert c.kind is ExitKind.STOP_REQUESTED

@@ -164,12 +164,12 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
         )
     code, sig = decode_returncode(ev.returncode)
     sig_name = signal_name(sig) if sig is not None else None
+    if ev.returncode == 0:  # even when asked to stop: it finished its work first
+        return Classification(ExitKind.CLEAN, None, False, "clean-exit", 0, None, "", "")
     if ev.stop_requested:
         return Classification(
             ExitKind.STOP_REQUESTED, None, False, "stop-requested", code, sig_name, "stopped", ""
         )
-    if ev.returncode == 0:
-        return Classification(ExitKind.CLEAN, None, False, "clean-exit", 0, None, "", "")
 
     kind = ExitKind.SIGNAL if sig is not None else ExitKind.NONZERO
     external = sig is not None and sig in EXTERNAL_KILL_SIGNALS
