@@ -76,6 +76,7 @@ def commit(
     if not src.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {src}")
     storage.mkdir(parents=True, exist_ok=True)
+    started_s = time.time()
     tmp = Path(tempfile.mkdtemp(dir=storage, prefix=".incoming-"))
     try:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
@@ -84,7 +85,13 @@ def commit(
             for p in sorted(tmp.rglob("*"))
             if p.is_file()
         }
-        manifest = {"step": step, "metrics": metrics or {}, "files": files, "at_s": time.time()}
+        manifest = {
+            "step": step,
+            "metrics": metrics or {},
+            "files": files,
+            "at_s": time.time(),
+            "commit_ms": (time.time() - started_s) * 1000,  # the cost of a checkpoint
+        }
         _write_json(tmp / MANIFEST, manifest)
         while True:  # two writers may race for a number: the rename decides
             last = max((e.index for e in entries(storage)), default=0)
@@ -98,6 +105,15 @@ def commit(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit_ms(path: Path) -> float | None:
+    """How long committing this checkpoint took (copy and hashing), from its manifest."""
+    try:
+        value = json.loads((path / MANIFEST).read_text()).get("commit_ms")
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def verify(path: Path) -> bool:

@@ -127,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
         if name == "records":
             sp.add_argument("--aggregate", action="store_true", help="group faults by error")
 
+    gp = sub.add_parser("goodput", help="how much of the job's time trained, where the rest went")
+    gp.add_argument("job", help="job id or name")
+    gp.add_argument("--json", action="store_true")
+
     st = sub.add_parser("stacks", help="the stacks taken before a hang was stopped")
     st.add_argument("job", help="job id or name")
     st.add_argument("--attempt", type=int, help="the attempt (default: every snapshot)")
@@ -363,6 +367,33 @@ def cmd_classify(args: argparse.Namespace, store: Store | None) -> int:
     return 0
 
 
+def cmd_goodput(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.goodput import goodput
+
+    job = store.resolve_job(args.job)
+    g = goodput(
+        job,
+        store.attempts_of(job["id"]),
+        store.restarts_of(job["id"]),
+        store.progress_of(job["id"]),
+        time.time(),
+    )
+    if args.json:
+        _dump(g)
+        return 0
+    total = g["total_s"] or 1.0
+    print(
+        f"job {job['id']} ({job['state']}): {g['total_s']:.1f} s in all, {g['failures']} failure(s)"
+    )
+    print(f"  productive   {g['productive_s']:8.2f} s  {100 * g['goodput']:5.1f}%")
+    for key, value in g["badput"].items():
+        print(f"  {key[:-2].replace('_', ' '):<12} {value:8.2f} s  {100 * value / total:5.1f}%")
+    print(f"advice: {g['advice']['text']}")
+    if not store.progress_of(job["id"]):
+        print("(no progress was reported: call sdk.report or trainguard.train.report)")
+    return 0
+
+
 def cmd_stacks(args: argparse.Namespace, store: Store) -> int:
     from trainguard.stacks import StackReport, render
 
@@ -504,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": cmd_records,
             "explain": cmd_explain,
             "stacks": cmd_stacks,
+            "goodput": cmd_goodput,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "resume": cmd_resume,

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.checkpoints import apply_retention, commit, entries
+from trainguard.checkpoints import apply_retention, commit, commit_ms, entries
 from trainguard.recorder import Recorder
 from trainguard.spec import CheckpointPolicy
 
@@ -23,6 +23,11 @@ class CheckpointKeeper:
         self.storage = Path(policy.storage).resolve() if policy.storage else job_dir / "checkpoints"
         self.rec = rec
         self.clock = clock
+        self.attempt = -1
+        self._best_step = -1  # the highest step reported in this attempt
+
+    def new_attempt(self, attempt: int) -> None:
+        self.attempt, self._best_step = attempt, -1
 
     def seed(self) -> None:
         """`--from-checkpoint`: the given folder becomes a new job's first checkpoint."""
@@ -38,6 +43,10 @@ class CheckpointKeeper:
         """sdk.report: the job's progress; a new checkpoint triggers retention."""
         now = self.clock()
         self.rec.progress(now, step, metrics)
+        cost = commit_ms(self.storage / checkpoint) if checkpoint else None
+        if step is not None and (step > self._best_step or checkpoint):
+            self._best_step = max(self._best_step, step)
+            self.rec.step(self.attempt, step, now, checkpoint, cost)
         if checkpoint is None:
             return
         gone = apply_retention(

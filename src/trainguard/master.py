@@ -279,6 +279,7 @@ class Master:
         self.faults.disarm()
         self.ledger.injected = {}
         self.attempt += 1
+        self.keeper.new_attempt(self.attempt)
         self._rendezvous = await self.backend.rendezvous()
         addr, port = self._rendezvous
         self.rec.attempt_started(self.attempt, self.clock(), addr, port)

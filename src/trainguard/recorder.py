@@ -16,6 +16,7 @@ from trainguard.store import (
     events,
     failure_records,
     jobs,
+    progress,
     replica_runs,
     restart_records,
     spec_json,
@@ -188,6 +189,19 @@ class Recorder:
             last_step=step,
             last_metrics_json=json.dumps(metrics, sort_keys=True),
             last_progress_s=at_s,
+        )
+
+    def step(
+        self, attempt: int, step: int, at_s: float, checkpoint: str | None, commit_ms: float | None
+    ) -> None:
+        self.store.insert(
+            progress,
+            job_id=self.job_id,
+            attempt=attempt,
+            step=step,
+            at_s=at_s,
+            checkpoint=checkpoint,
+            commit_ms=commit_ms,
         )
 
     def event(self, at_s: float, replica: str | None, kind: str, text: str) -> None:

@@ -154,6 +154,19 @@ stack_snapshots = Table(
     Column("snapshots_json", Text, nullable=False),
 )
 
+# The job's progress over time: one row when a reported step passes the attempt's best.
+progress = Table(
+    "progress",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("at_s", Float, nullable=False),
+    Column("checkpoint", String(32)),  # a checkpoint committed at this step, if any
+    Column("commit_ms", Float),
+)
+
 # What training code said (send_custom_message) and other notable moments of a job.
 events = Table(
     "events",
@@ -387,6 +400,11 @@ class Store:
         if attempt is not None:
             stmt = stmt.where(stack_snapshots.c.attempt == attempt)
         return self._rows(stmt.order_by(stack_snapshots.c.id))
+
+    def progress_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(progress).where(progress.c.job_id == job_id).order_by(progress.c.id)
+        )
 
     def events_of(self, job_id: str) -> list[dict[str, Any]]:
         return self._rows(select(events).where(events.c.job_id == job_id).order_by(events.c.id))
