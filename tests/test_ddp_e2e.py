@@ -181,3 +181,33 @@ def test_the_master_killed_mid_run_then_resume_loses_nothing(
     job = tg.json("status", job_id)
     assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
     assert _same_weights(baseline, tmp_path / "resumed.pt")
+
+
+def test_chaos_two_faults_in_one_job_lose_nothing(tmp_path: Path) -> None:
+    """A shortened bench/chaos.py: a SIGKILL in attempt 0, a SIGSEGV in attempt 1."""
+    args = ("--steps", "150", "--ckpt-every", "10", "--step-time", "0.03")
+
+    def train(home: str, *inject: str) -> tuple[TG, str]:
+        tg = TG(tmp_path / home)
+        out = tmp_path / f"{home}.pt"
+        cmd = (sys.executable, EXAMPLE, *args, "--ckpt-dir", str(tmp_path / home / "ck"))
+        res = tg(
+            "run", "--quiet", "--nproc", "2", *inject, "--", *cmd, "--out", str(out), timeout=300
+        )
+        assert res.returncode == 0, res.stderr
+        return tg, str(out)
+
+    _, clean = train("clean")
+    tg, faulty = train(
+        "chaos",
+        "--inject",
+        "signal:worker-1:SIGKILL@3.5s",
+        "--inject",
+        "signal:worker-0:SEGV@3.5s,attempt=1",
+    )
+    records = tg.json("records", "ddp_train")
+    assert [(r["replica"], r["error_source"], r["failure_class"]) for r in records] == [
+        ("worker-1", "injection", "preemption"),
+        ("worker-0", "injection", "transient_exit"),
+    ]
+    assert _same_weights(Path(clean), Path(faulty))

@@ -45,6 +45,12 @@ def test_a_bad_inject_flag_is_one_line_and_exit_2(tg: TG) -> None:
     assert "(from --inject)" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_an_injection_into_a_replica_the_job_lacks_is_refused(tg: TG) -> None:
+    res = tg("run", "--inject", "signal:worker-1:KILL@1s", "--", "true")
+    assert res.returncode == 2
+    assert "names worker-1, which this job does not have (it has worker-0)" in res.stderr
+
+
 def _run(tg: TG, *args: str, actions: tuple[str, ...]) -> int:
     res = tg("run", "--quiet", "--nproc", "2", *args, "--", *child(*actions))
     return res.returncode

@@ -185,6 +185,21 @@ class JobSpec(_Model):
         return value
 
     @model_validator(mode="after")
+    def _injections_name_replicas(self) -> JobSpec:
+        from trainguard.inject import parse_injection
+
+        names = [f"{p.role}-{i}" for p in self.worker_pools for i in range(p.replicas)]
+        for text in self.fault_injection:
+            replica = parse_injection(text).replica
+            if replica is not None and replica not in names:
+                shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+                raise ValueError(
+                    f"fault_injection: {text!r} names {replica}, which this job does not have "
+                    f"(it has {shown})"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _unique_roles(self) -> JobSpec:
         roles = [p.role for p in self.worker_pools]
         dup = sorted({r for r in roles if roles.count(r) > 1})
