@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
-from conftest import TG, child
+from conftest import ROOT, TG, child
 
 from trainguard.inject import parse_injection
 from trainguard.store import Store
@@ -16,6 +20,7 @@ from trainguard.store import Store
         ("signal:worker-0:segv@step=50", "send SIGSEGV to worker-0 at step 50 of attempt 0"),
         ("stop:worker-2@1.5s,attempt=1", "SIGSTOP worker-2 1.5 s into attempt 1"),
         ("master@30s", "SIGKILL the master 30 s into attempt 0"),
+        ("exit:worker-1:3@step=7", "make worker-1 exit with status 3 at step 7 of attempt 0"),
     ],
 )
 def test_parse(text: str, description: str) -> None:
@@ -31,6 +36,7 @@ def test_parse(text: str, description: str) -> None:
         ("master:worker-0@1s", "master takes no replica"),
         ("signal:worker-1:NOPE@1s", "unknown signal"),
         ("signal:worker-1:KILL", "must look like"),
+        ("exit:worker-1@1s", "exit needs a replica and a status"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(text: str, error: str) -> None:
@@ -100,3 +106,34 @@ def test_an_injected_master_kill_then_resume(tg: TG) -> None:
     res = tg("resume", "child", "--quiet")
     assert res.returncode == 0, res.stderr
     assert tg.only_job()["state"] == "SUCCEEDED"
+
+
+def test_an_injected_exit_code_at_a_step_is_classified_like_any_exit(
+    tg: TG, tmp_path: Path
+) -> None:
+    script = str(ROOT / "tests" / "bins" / "sdk_train.py")
+    res = tg(
+        "run",
+        "--quiet",
+        "--nproc",
+        "2",
+        "--inject",
+        "exit:worker-1:3@step=4",
+        "--fault-tolerant-policy",
+        "OnFailure",  # exit 3 with no evidence is not retryable by default
+        "--",
+        sys.executable,
+        script,
+        "10",
+        str(tmp_path / "r.json"),
+    )
+    assert res.returncode == 0, res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    (rec,) = tg.json("records", job["id"])
+    assert (rec["replica"], rec["error_code"], rec["error_source"]) == (
+        "worker-1",
+        "3",
+        "injection",
+    )
+    assert json.loads((tmp_path / "r.json").read_text())["total"] == sum(range(1, 11))

@@ -23,6 +23,7 @@ class Inbox:
         self.clock = clock
         self.retryable_errors: dict[str, list[str]] = {}  # replica -> its keywords
         self.faulthandler: set[str] = set()  # replicas that dump stacks on SIGUSR2
+        self.pending_exit: dict[str, int] = {}  # injected: exit with this status
         self.on_step: Callable[[str, int], None] = lambda _replica, _step: None
         self.on_progress: Callable[[str, int | None, dict[str, object], str | None], None] = (
             lambda *_: None
@@ -51,6 +52,11 @@ class Inbox:
 
     def on_faulthandler(self, replica: str) -> None:
         self.faulthandler.add(replica)
+
+    def command_for(self, replica: str) -> dict[str, object] | None:
+        """A command for this replica, sent once in the answer to its next SDK call."""
+        code = self.pending_exit.pop(replica, None)
+        return {"exit": code} if code is not None else None
 
     def keywords(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p for ps in self.retryable_errors.values() for p in ps))

@@ -1,6 +1,7 @@
 """Built-in fault injection (issue 5): `--inject SPEC`, for users to test their resilience.
 
     signal:REPLICA:SIGNAL@TRIGGER   e.g. signal:worker-1:SIGKILL@20s, signal:worker-0:SEGV@step=50
+    exit:REPLICA:CODE@TRIGGER       the replica exits with CODE at its next SDK call
     stop:REPLICA@TRIGGER            SIGSTOP: a hang without a code change
     master@TRIGGER                  SIGKILL the master itself (then `trainguard resume`)
 
@@ -20,7 +21,7 @@ from typing import Literal
 from trainguard.signals import parse_signal, signal_name
 
 _SPEC = re.compile(
-    r"^(?P<action>signal|stop|master)"
+    r"^(?P<action>signal|stop|master|exit)"
     r"(?::(?P<replica>[a-z][a-z0-9_-]*-\d+))?"
     r"(?::(?P<signal>[A-Za-z0-9]+))?"
     r"@(?:(?P<after>\d+(?:\.\d+)?)s|step=(?P<step>\d+))"
@@ -30,19 +31,21 @@ _SPEC = re.compile(
 
 @dataclass(frozen=True)
 class Injection:
-    action: Literal["signal", "stop", "master"]
+    action: Literal["signal", "stop", "master", "exit"]
     replica: str | None
     signal: int | None
     after_s: float | None
     at_step: int | None
     attempt: int
     text: str
+    code: int | None = None  # exit: the status to exit with
 
     def describe(self) -> str:
         what = {
             "signal": f"send {signal_name(self.signal or 0)} to {self.replica}",
             "stop": f"SIGSTOP {self.replica}",
             "master": "SIGKILL the master",
+            "exit": f"make {self.replica} exit with status {self.code}",
         }[self.action]
         when = (
             f"{self.after_s:g} s into" if self.after_s is not None else f"at step {self.at_step} of"
@@ -59,6 +62,21 @@ def parse_injection(text: str) -> Injection:
             f"got {text!r}"
         )
     action = m["action"]
+    if action == "exit":
+        if not (m["replica"] and m["signal"] and m["signal"].isdigit()):
+            raise ValueError(
+                f"exit needs a replica and a status, e.g. exit:worker-1:3@5s, got {text!r}"
+            )
+        return Injection(
+            "exit",
+            m["replica"],
+            None,
+            float(m["after"]) if m["after"] else None,
+            int(m["step"]) if m["step"] else None,
+            int(m["attempt"] or 0),
+            text,
+            code=int(m["signal"]),
+        )
     if action in ("signal", "stop") and not m["replica"]:
         raise ValueError(f"{action} needs a replica, e.g. {action}:worker-1, got {text!r}")
     if action == "master" and (m["replica"] or m["signal"]):

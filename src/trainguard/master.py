@@ -593,6 +593,9 @@ class Master:
         if rep is None or rep.pid is None or rep.state.is_terminal:
             return
         self.ledger.injected[rep.plan.name] = inj.text
+        if inj.action == "exit":
+            self.inbox.pending_exit[rep.plan.name] = int(inj.code or 0)
+            return
         sig = signal.SIGSTOP if inj.action == "stop" else int(inj.signal or signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(rep.pid, sig)

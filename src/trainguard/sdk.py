@@ -105,6 +105,8 @@ class _Client:
                 failure = exc
                 self.close()
                 continue
+            if response.status == 200:
+                _obey(answer)
             if response.status >= 400:
                 _warn_once(
                     "refused",
@@ -141,6 +143,22 @@ _warned: set[str] = set()
 _scopes: list[hang_detect] = []
 _faulthandler_file: IO[str] | None = None
 """Kept open for the life of the process: faulthandler writes to its descriptor."""
+
+
+def _obey(answer: bytes) -> None:
+    """The master may answer with a command: so far only `exit`, from fault injection
+    (`--inject exit:worker-1:3@step=50`), which ends this process with that status."""
+    import json
+
+    try:
+        command = json.loads(answer).get("command") or {}
+    except (ValueError, AttributeError):
+        return
+    code = command.get("exit") if isinstance(command, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def enabled() -> bool:

@@ -192,13 +192,15 @@ class SdkServer:
             return HTTPStatus.OK, {"ok": True}
         try:
             body = _json_object(request.body)
-            route(self._handler, _replica(body), body)  # validates before it calls the handler
+            replica = _replica(body)
+            route(self._handler, replica, body)  # validates before it calls the handler
         except _HttpError as err:
             return err.status, {"error": err.message}
         except Exception as exc:
             log.exception("SDK handler failed on %s", request.path)
             return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"handler failed: {exc!r}"}
-        return HTTPStatus.OK, {"ok": True}
+        command = getattr(self._handler, "command_for", lambda _r: None)(replica)
+        return HTTPStatus.OK, {"ok": True, **({"command": command} if command else {})}
 
 
 async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
