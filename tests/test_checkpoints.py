@@ -26,25 +26,26 @@ def test_commit_is_numbered_complete_and_verified(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     a = ck.commit(_folder(tmp_path, "a", "1"), storage, step=10, metrics={"loss": 0.5})
     b = ck.commit(_folder(tmp_path, "b", "2"), storage, step=20)
-    assert (a.name, b.name) == ("checkpoint_000001", "checkpoint_000002")
-    assert (b / "sub" / "opt.bin").read_text() == "22"
-    assert ck.verify(a) and ck.verify(b)
+    assert (a, b) == ("checkpoint_000001", "checkpoint_000002")
+    assert (storage / b / "sub" / "opt.bin").read_text() == "22"
+    assert ck.verify(storage, a) and ck.verify(storage, b)
     assert [e.step for e in ck.entries(storage)] == [10, 20]
     assert not list(storage.glob(".incoming-*"))  # nothing half-written left behind
-    assert ck.latest(storage) == b
+    assert ck.latest(storage) == storage / b
+    assert ck.commit_ms(storage, b) is not None
 
 
 def test_a_corrupt_or_unloadable_checkpoint_is_skipped(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     first = ck.commit(_folder(tmp_path, "a", "1"), storage)
     second = ck.commit(_folder(tmp_path, "b", "2"), storage)
-    (second / "model.bin").write_text("torn write")
-    assert not ck.verify(second)
-    assert ck.latest(storage) == first
+    (storage / second / "model.bin").write_text("torn write")
+    assert not ck.verify(storage, second)
+    assert ck.latest(storage) == storage / first
     third = ck.commit(_folder(tmp_path, "c", "3"), storage)
-    assert ck.latest(storage) == third
+    assert ck.latest(storage) == storage / third
     ck.mark_bad(storage, third)  # the training code could not load it
-    assert ck.latest(storage) == first
+    assert ck.latest(storage) == storage / first
 
 
 def test_a_folder_without_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
@@ -53,6 +54,32 @@ def test_a_folder_without_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert ck.entries(storage) == [] and ck.latest(storage) is None
     with pytest.raises(FileNotFoundError):
         ck.commit(tmp_path / "missing", storage)
+
+
+def test_an_fsspec_url_works_the_same(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")  # an optional extra: in CI's test extras
+    url = f"memory://trainguard-test-{tmp_path.name}/ckpts"
+    a = ck.commit(_folder(tmp_path, "a", "1"), url, step=1, metrics={"loss": 0.9})
+    b = ck.commit(_folder(tmp_path, "b", "2"), url, step=2, metrics={"loss": 0.1})
+    assert [e.name for e in ck.entries(url)] == [a, b]
+    local = ck.latest(url)
+    assert local is not None and (local / "sub" / "opt.bin").read_text() == "22"
+    ck.mark_bad(url, b)
+    older = ck.latest(url)
+    assert older is not None and (older / "model.bin").read_text() == "1"
+    c = ck.commit(_folder(tmp_path, "c", "3"), url, step=3, metrics={"loss": 0.5})
+    gone = ck.apply_retention(
+        url, keep_last=1, keep_best=1, score_attribute="loss", score_order="min"
+    )
+    assert gone == [a] and [e.name for e in ck.entries(url)] == [b, c]
+
+
+def test_a_remote_checkpoint_without_its_manifest_does_not_exist(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://trainguard-test-{tmp_path.name}/half"
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/checkpoint_000001/model.bin", b"uploaded, manifest not yet")
+    assert ck.entries(url) == [] and ck.latest(url) is None
 
 
 def _entries(*losses: float) -> list[Entry]:

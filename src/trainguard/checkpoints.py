@@ -6,9 +6,11 @@ only: the SDK commits and reads them inside the training process.
     <storage>/index.json                       what retention keeps (written before deletes)
     <storage>/bad.json                         checkpoints the training code could not load
 
-A checkpoint is copied into a hidden temporary folder and renamed into place only once
-its manifest is written, so a crash at any moment leaves either no checkpoint or a
-complete one; one whose files do not match its manifest is skipped.
+A checkpoint is complete when its manifest is there and every file matches it. In a local
+or shared folder it is copied under a hidden name and renamed into place once complete;
+in an fsspec URL (s3://, gs://, memory://; needs `pip install fsspec`), where renames are
+copies, its files are uploaded first and the manifest last. Either way a crash at any
+moment leaves no checkpoint that `latest()` would offer half-written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 MANIFEST = "trainguard-manifest.json"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
+Storage = Path | str  # a folder, or an fsspec URL
 
 
 @dataclass(frozen=True)
@@ -37,54 +40,160 @@ class Entry:
     metrics: dict[str, Any]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def is_url(storage: Storage) -> bool:
+    return "://" in str(storage)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+class _Local:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
 
+    def names(self) -> list[str]:
+        return [p.name for p in self.root.iterdir()] if self.root.is_dir() else []
 
-def entries(storage: Path) -> list[Entry]:
-    """The committed checkpoints (manifest present), oldest first."""
-    out = []
-    for d in storage.glob("checkpoint_*") if storage.is_dir() else ():
-        m = _NAME.match(d.name)
-        if not m or not (d / MANIFEST).is_file():
-            continue
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def write(self, rel: str, data: bytes) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def files(self, rel: str) -> dict[str, int]:
+        base = self.root / rel
+        return {str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()}
+
+    def upload(self, src: Path, name: str, manifest: bytes) -> bool:
+        """Copy under a hidden name, add the manifest, rename into place."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".incoming-"))
         try:
-            manifest = json.loads((d / MANIFEST).read_text())
-        except (OSError, ValueError):
-            continue
-        out.append(Entry(d.name, int(m[1]), manifest.get("step"), manifest.get("metrics", {})))
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
+            (tmp / MANIFEST).write_bytes(manifest)
+            try:
+                tmp.rename(self.root / name)
+                return True
+            except OSError:
+                if (self.root / name).exists():
+                    return False  # another writer took this number
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def local_copy(self, name: str) -> Path:
+        return self.root / name
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def path(self, name: str) -> str:
+        return str(self.root / name)
+
+
+class _Remote:
+    def __init__(self, url: str) -> None:
+        import fsspec  # type: ignore[import-untyped]
+
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def names(self) -> list[str]:
+        if not self.fs.exists(self.root):
+            return []
+        return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+
+    def read(self, rel: str) -> bytes:
+        return bytes(self.fs.cat_file(self._p(rel)))
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self._p(rel), data)
+
+    def files(self, rel: str) -> dict[str, int]:
+        base = self._p(rel)
+        found = self.fs.find(base, detail=True)
+        return {str(k)[len(base) + 1 :]: int(v["size"]) for k, v in found.items()}
+
+    def upload(self, src: Path, name: str, manifest: bytes) -> bool:
+        """Files first, the manifest last: until it lands the checkpoint does not exist."""
+        if name in self.names():
+            return False
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                self.fs.pipe_file(self._p(f"{name}/{p.relative_to(src)}"), p.read_bytes())
+        self.write(f"{name}/{MANIFEST}", manifest)
+        return True
+
+    def local_copy(self, name: str) -> Path:
+        """The checkpoint downloaded into a local cache folder (training code reads files)."""
+        key = hashlib.sha1(f"{self.url}/{name}".encode()).hexdigest()[:12]
+        target = Path(tempfile.gettempdir()) / f"trainguard-ckpt-{key}" / name
+        if not (target / MANIFEST).is_file():
+            for rel in self.files(name):
+                out = target / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(self.read(f"{name}/{rel}"))
+        return target
+
+    def remove(self, name: str) -> None:
+        if self.fs.exists(self._p(name)):
+            self.fs.rm(self._p(name), recursive=True)
+
+    def path(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+
+def _store(storage: Storage) -> _Local | _Remote:
+    return _Remote(str(storage)) if is_url(storage) else _Local(Path(storage))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _manifest(store: _Local | _Remote, name: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(store.read(f"{name}/{MANIFEST}"))
+    except (OSError, ValueError, KeyError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def entries(storage: Storage) -> list[Entry]:
+    """The committed checkpoints (manifest present), oldest first."""
+    store = _store(storage)
+    out = []
+    for name in store.names():
+        m = _NAME.match(name)
+        manifest = _manifest(store, name) if m else None
+        if m and manifest is not None:
+            out.append(Entry(name, int(m[1]), manifest.get("step"), manifest.get("metrics", {})))
     return sorted(out, key=lambda e: e.index)
 
 
 def commit(
-    src: Path, storage: Path, *, step: int | None = None, metrics: dict[str, Any] | None = None
-) -> Path:
-    """Copy `src` (a folder) into storage as the next checkpoint, atomically."""
+    src: Path, storage: Storage, *, step: int | None = None, metrics: dict[str, Any] | None = None
+) -> str:
+    """Store `src` (a folder) as the next checkpoint; returns its name."""
     if not src.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {src}")
-    storage.mkdir(parents=True, exist_ok=True)
     started_s = time.time()
-    tmp = Path(tempfile.mkdtemp(dir=storage, prefix=".incoming-"))
-    try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-        files = {
-            str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
+    files = {
+        str(p.relative_to(src)): {"size": p.stat().st_size, "sha256": _sha256(p.read_bytes())}
+        for p in sorted(src.rglob("*"))
+        if p.is_file()
+    }
+    store = _store(storage)
+    while True:  # two writers may race for a number: the one that lands first keeps it
+        last = max((e.index for e in entries(storage)), default=0)
+        name = f"checkpoint_{last + 1:06d}"
         manifest = {
             "step": step,
             "metrics": metrics or {},
@@ -92,63 +201,49 @@ def commit(
             "at_s": time.time(),
             "commit_ms": (time.time() - started_s) * 1000,  # the cost of a checkpoint
         }
-        _write_json(tmp / MANIFEST, manifest)
-        while True:  # two writers may race for a number: the rename decides
-            last = max((e.index for e in entries(storage)), default=0)
-            final = storage / f"checkpoint_{last + 1:06d}"
-            try:
-                tmp.rename(final)
-                return final
-            except OSError:
-                if not final.exists():
-                    raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if store.upload(src, name, json.dumps(manifest, indent=1).encode()):
+            return name
 
 
-def commit_ms(path: Path) -> float | None:
-    """How long committing this checkpoint took (copy and hashing), from its manifest."""
-    try:
-        value = json.loads((path / MANIFEST).read_text()).get("commit_ms")
-    except (OSError, ValueError):
-        return None
+def commit_ms(storage: Storage, name: str) -> float | None:
+    """How long preparing this checkpoint took (hashing), from its manifest."""
+    manifest = _manifest(_store(storage), name)
+    value = manifest.get("commit_ms") if manifest else None
     return float(value) if isinstance(value, int | float) else None
 
 
-def verify(path: Path) -> bool:
+def verify(storage: Storage, name: str) -> bool:
     """True if every file of the checkpoint matches its manifest."""
+    store = _store(storage)
+    manifest = _manifest(store, name)
     try:
-        files = json.loads((path / MANIFEST).read_text())["files"]
-        return all(
-            (path / name).is_file()
-            and (path / name).stat().st_size == meta["size"]
-            and _sha256(path / name) == meta["sha256"]
-            for name, meta in files.items()
+        files = manifest["files"] if manifest else None
+        return isinstance(files, dict) and all(
+            _sha256(store.read(f"{name}/{rel}")) == meta["sha256"] for rel, meta in files.items()
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, FileNotFoundError):
         return False
 
 
-def bad(storage: Path) -> set[str]:
+def bad(storage: Storage) -> set[str]:
     try:
-        return set(json.loads((storage / "bad.json").read_text()))
-    except (OSError, ValueError):
+        return set(json.loads(_store(storage).read("bad.json")))
+    except (OSError, ValueError, FileNotFoundError):
         return set()
 
 
-def mark_bad(storage: Path, path: Path) -> None:
+def mark_bad(storage: Storage, name: str) -> None:
     """The training code could not load this checkpoint: never offer it again."""
-    _write_json(storage / "bad.json", sorted(bad(storage) | {path.name}))
+    names = sorted(bad(storage) | {name})
+    _store(storage).write("bad.json", json.dumps(names).encode())
 
 
-def latest(storage: Path) -> Path | None:
-    """The newest complete, verified checkpoint not marked bad."""
+def latest(storage: Storage) -> Path | None:
+    """A local folder with the newest complete, verified checkpoint not marked bad."""
     skip = bad(storage)
     for entry in reversed(entries(storage)):
-        path = storage / entry.name
-        if entry.name not in skip and verify(path):
-            return path
+        if entry.name not in skip and verify(storage, entry.name):
+            return _store(storage).local_copy(entry.name)
     return None
 
 
@@ -168,12 +263,13 @@ def to_keep(
     return [e.name for e in found if e.name in keep]
 
 
-def apply_retention(storage: Path, **policy: Any) -> list[str]:
+def apply_retention(storage: Storage, **policy: Any) -> list[str]:
     """Write the index of what is kept, then delete the rest; returns what was deleted."""
     found = entries(storage)
     kept = to_keep(found, **policy)
-    _write_json(storage / "index.json", {"checkpoints": kept})
+    store = _store(storage)
+    store.write("index.json", json.dumps({"checkpoints": kept}, indent=1).encode())
     gone = [e.name for e in found if e.name not in kept]
     for name in gone:
-        shutil.rmtree(storage / name, ignore_errors=True)
+        store.remove(name)
     return gone

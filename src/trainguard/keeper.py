@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.checkpoints import apply_retention, commit, commit_ms, entries
+from trainguard.checkpoints import Storage, apply_retention, commit, commit_ms, entries, is_url
 from trainguard.recorder import Recorder
 from trainguard.spec import CheckpointPolicy
 
@@ -20,7 +20,14 @@ class CheckpointKeeper:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy = policy
-        self.storage = Path(policy.storage).resolve() if policy.storage else job_dir / "checkpoints"
+        where = policy.storage
+        self.storage: Storage = (
+            where
+            if where and is_url(where)
+            else Path(where).resolve()
+            if where
+            else job_dir / "checkpoints"
+        )
         self.rec = rec
         self.clock = clock
         self.attempt = -1
@@ -33,9 +40,7 @@ class CheckpointKeeper:
         """`--from-checkpoint`: the given folder becomes a new job's first checkpoint."""
         if self.policy.initial and not entries(self.storage):
             made = commit(Path(self.policy.initial), self.storage)
-            self.rec.event(
-                self.clock(), None, "checkpoint", f"{made.name} from {self.policy.initial}"
-            )
+            self.rec.event(self.clock(), None, "checkpoint", f"{made} from {self.policy.initial}")
 
     def on_progress(
         self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
@@ -43,7 +48,7 @@ class CheckpointKeeper:
         """sdk.report: the job's progress; a new checkpoint triggers retention."""
         now = self.clock()
         self.rec.progress(now, step, metrics)
-        cost = commit_ms(self.storage / checkpoint) if checkpoint else None
+        cost = commit_ms(self.storage, checkpoint) if checkpoint else None
         if step is not None and (step > self._best_step or checkpoint):
             self._best_step = max(self._best_step, step)
             self.rec.step(self.attempt, step, now, checkpoint, cost)

@@ -197,9 +197,7 @@ def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
     if checkpoint is not None and storage:
         from trainguard import checkpoints
 
-        name = checkpoints.commit(
-            Path(checkpoint), Path(storage), step=step, metrics=dict(metrics)
-        ).name
+        name = checkpoints.commit(Path(checkpoint), storage, step=step, metrics=dict(metrics))
     _post("/v1/report", {"step": step, "metrics": dict(metrics), "checkpoint": name})
 
 
@@ -210,7 +208,7 @@ def get_checkpoint() -> str | None:
         return None
     from trainguard import checkpoints
 
-    found = checkpoints.latest(Path(storage))
+    found = checkpoints.latest(storage)
     return str(found) if found else None
 
 
@@ -220,7 +218,7 @@ def mark_checkpoint_bad(path: str) -> None:
     if storage:
         from trainguard import checkpoints
 
-        checkpoints.mark_bad(Path(storage), Path(path))
+        checkpoints.mark_bad(storage, Path(path).name)
 
 
 def send_custom_message(text: str) -> None:

@@ -153,7 +153,7 @@ class FaultTolerance(_Model):
 class CheckpointPolicy(_Model):
     """Where `sdk.report(..., checkpoint=dir)` commits, and what retention keeps."""
 
-    storage: str | None = None  # default: <job folder>/checkpoints
+    storage: str | None = None  # a folder or an fsspec URL; default: <job folder>/checkpoints
     # A new job that starts from a given checkpoint folder: it is committed as the first
     # checkpoint of this job, so get_checkpoint() offers it (`--from-checkpoint PATH`).
     initial: str | None = None
