@@ -36,6 +36,19 @@ def test_a_job_killed_once_table() -> None:
     assert advice["text"].startswith("checkpoint every 4 s")
 
 
+def test_a_hang_counts_as_hang_waiting() -> None:
+    job = {"created_at_s": 0.0, "ended_at_s": 20.0}
+    attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 12.0}]
+    steps = [{"attempt": 0, "step": 1, "at_s": 1.0}, {"attempt": 0, "step": 2, "at_s": 2.0}]
+    steps += [{"attempt": 1, "step": 3, "at_s": 14.0}, {"attempt": 1, "step": 4, "at_s": 15.0}]
+    restarts = [
+        {"at_s": 11.0, "failure_class": "hang", "stop_ms": 0, "schedule_ms": 0, "start_ms": 0}
+    ]
+    g = goodput(job, attempts, restarts, steps, now_s=20.0)
+    assert g["badput"]["hang_waiting_s"] == pytest.approx(9.0)
+    assert g["badput"]["detection_s"] == 0.0
+
+
 def test_no_failures_no_advice() -> None:
     job = {"created_at_s": 0.0, "ended_at_s": 3.0}
     g = goodput(job, [{"number": 0, "started_at_s": 0.0}], [], [], now_s=3.0)

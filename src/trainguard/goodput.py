@@ -5,7 +5,8 @@ seconds. Productive time is, per attempt, first to last reported step, less the 
 redoing steps an earlier attempt had already reached. The rest is badput:
 
   startup         attempt start -> its first reported step
-  detection       last step before a failure -> the decision (hang: the whole wait)
+  detection       last step before a failure -> the decision
+  hang waiting    the same for a hang or an exit hang: the whole wait for the detector
   restart         stop + schedule + start of the new attempt (restart record phases)
   work lost       steps redone after a restart (since the last checkpoint)
   queueing        waiting for resources (no queue yet: 0)
@@ -49,11 +50,15 @@ def goodput(
         lost += redone
         productive += max(0.0, span - redone)
         reached = max(reached, max(r["step"] for r in rows))
-    detection = 0.0
+    detection = hang_waiting = 0.0
     for r in restarts:
         before = [s["at_s"] for s in steps if s["at_s"] <= r["at_s"]]
         if before:
-            detection += max(0.0, r["at_s"] - max(before))
+            waited = max(0.0, r["at_s"] - max(before))
+            if r.get("failure_class") in ("hang", "exit_hang"):
+                hang_waiting += waited
+            else:
+                detection += waited
     restart = sum(
         ((r["stop_ms"] or 0) + (r["schedule_ms"] or 0) + (r["start_ms"] or 0)) / 1000
         for r in restarts
@@ -61,6 +66,7 @@ def goodput(
     badput = {
         "startup_s": startup,
         "detection_s": detection,
+        "hang_waiting_s": hang_waiting,
         "restart_s": restart,
         "work_lost_s": lost,
         "queueing_s": 0.0,
