@@ -61,16 +61,7 @@ def run_job(
     )
     say = _say_to(status)
     say(f"job {job_id} ({spec.name}): {spec.world_size} replica(s), logs in {log_dir}")
-    master = Master(
-        job_id=job_id,
-        spec=spec,
-        backend=LocalBackend(tee=tee),
-        recorder=recorder,
-        log_dir=log_dir,
-        cwd=cwd,
-        say=say,
-    )
-    return job_id, asyncio.run(_supervise(master))
+    return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, None)
 
 
 RESUMABLE = (JobState.INTERRUPTED, JobState.CANCELLED)
@@ -101,17 +92,33 @@ def resume_job(
     recorder.job_resumed(state, time.time(), master_identity())
     say = _say_to(status)
     say(f"job {job_id} ({spec.name}): resumed after {job['attempts']} attempt(s)")
+    log_dir, cwd = Path(job["log_dir"]), job["cwd"] or os.getcwd()
+    resume_after = (int(job["attempts"]), restarts)
+    return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, resume_after)
+
+
+def _master_run(
+    job_id: str,
+    spec: JobSpec,
+    recorder: Recorder,
+    log_dir: Path,
+    cwd: str,
+    tee: TextIO | None,
+    say: Callable[[str], None],
+    resume_after: tuple[int, int] | None,
+) -> Outcome:
+    """This process becomes the job's master (local backend) until the job ends."""
     master = Master(
         job_id=job_id,
         spec=spec,
         backend=LocalBackend(tee=tee),
         recorder=recorder,
-        log_dir=Path(job["log_dir"]),
-        cwd=job["cwd"] or os.getcwd(),
+        log_dir=log_dir,
+        cwd=cwd,
         say=say,
-        resume_after=(int(job["attempts"]), restarts),
+        resume_after=resume_after,
     )
-    return job_id, asyncio.run(_supervise(master))
+    return asyncio.run(_supervise(master))
 
 
 async def _supervise(master: Master) -> Outcome:
