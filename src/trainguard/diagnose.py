@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.progress import straggler_report
+from trainguard.recorder import Recorder
 from trainguard.snapshot import snapshot_all
 from trainguard.stacks import ReplicaSnapshot, StackReport, aggregate
 
@@ -22,6 +23,19 @@ class Diagnosis:
     duration_ms: float
     culprit: str | None
     where: str  # the culprit's innermost own frame, e.g. "_stall_forever (train.py:73)"
+
+    def record(self, rec: Recorder, attempt: int, at_s: float, kind: str) -> int:
+        """Store the snapshot (for `trainguard stacks`); returns its id."""
+        return rec.snapshot(
+            attempt=attempt,
+            at_s=at_s,
+            kind=kind,
+            culprits=list(self.report.culprits),
+            summary=self.report.summary,
+            duration_ms=self.duration_ms,
+            report=self.report.to_dict(),
+            snapshots=[s.to_dict() for s in self.snapshots],
+        )
 
 
 def _where(report: StackReport, replica: str | None) -> str:

@@ -26,6 +26,7 @@ from trainguard.backends.base import (
 )
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
+    Classification,
     ExitKind,
     classify_exit,
     hang_failure,
@@ -232,6 +233,7 @@ class Master:
     def _launch(self, rep: _Replica) -> Launch:
         addr, port = self._rendezvous
         plan = rep.plan
+        log_path = self._log_path(self.attempt, plan.name, rep.restarts)
         env = dict(os.environ)
         env.update(
             replica_env(
@@ -243,13 +245,14 @@ class Master:
                 restart_count=self.attempt + rep.restarts,
                 max_restarts=self.ft.max_num_of_job_restart,
                 role_world_size=self._role_sizes[plan.role],
+                sdk_env={
+                    "TRAINGUARD_MASTER_URL": self.sdk.url,
+                    "TRAINGUARD_TOKEN": self.sdk.token,
+                    "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
+                    "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
+                },
             )
         )
-        log_path = self._log_path(self.attempt, plan.name, rep.restarts)
-        env["TRAINGUARD_MASTER_URL"] = self.sdk.url
-        env["TRAINGUARD_TOKEN"] = self.sdk.token
-        env["TRAINGUARD_CHECKPOINT_DIR"] = str(self.keeper.storage)
-        env["TRAINGUARD_FAULTHANDLER_FILE"] = str(log_path.with_suffix(".stacks.txt"))
         devices = self.gpus.visible_devices(plan.name)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
@@ -376,16 +379,8 @@ class Master:
         rep.run_id = None
         failure: Failure | None = None
         if c.is_failure:
-            failure = Failure(
-                replica=ev.replica,
-                role=rep.plan.role,
-                rank=rep.plan.rank,
-                attempt=ev.attempt,
-                pid=ev.pid,
-                time_s=ev.time_s,
-                classification=c,
-                log_tail=ev.evidence.log_tail,
-            )
+            tail = ev.evidence.log_tail
+            failure = self._failure_of(ev.replica, ev.attempt, ev.pid, ev.time_s, c, tail)
             self._attempt_failures.append(failure)
         if c.kind is ExitKind.STOP_REQUESTED or not decide:
             return
@@ -434,6 +429,18 @@ class Master:
     @property
     def budgets(self) -> Budgets:
         return self.ledger.budgets
+
+    def _failure_of(
+        self,
+        replica: str,
+        attempt: int,
+        pid: int | None,
+        time_s: float,
+        c: Classification,
+        tail: tuple[str, ...] = (),
+    ) -> Failure:
+        plan = self.replicas[replica].plan
+        return Failure(replica, plan.role, plan.rank, attempt, pid, time_s, c, tail)
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:
         return self.rec.run_started(
@@ -543,16 +550,7 @@ class Master:
         }
         targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
         diag = await diagnose(targets, self.hangs.beats(), files, self.clock)
-        self.ledger.snapshot_id = self.rec.snapshot(
-            attempt=self.attempt,
-            at_s=detected_s,
-            kind=ev.kind,
-            culprits=list(diag.report.culprits),
-            summary=diag.report.summary,
-            duration_ms=diag.duration_ms,
-            report=diag.report.to_dict(),
-            snapshots=[s.to_dict() for s in diag.snapshots],
-        )
+        self.ledger.snapshot_id = diag.record(self.rec, self.attempt, detected_s, ev.kind)
         self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
         if ev.kind == "hang" and self.hangs.last_activity() > detected_s:
             self.say("the job showed a sign of life while its stacks were taken: not a hang")
@@ -561,18 +559,8 @@ class Master:
             self.ledger.snapshot_id = None
             return
         who = diag.culprit or ev.replica or self.primary
-        rep = self.replicas[who]
-        failure = Failure(
-            replica=who,
-            role=rep.plan.role,
-            rank=rep.plan.rank,
-            attempt=self.attempt,
-            pid=rep.pid,
-            time_s=detected_s,
-            classification=hang_failure(
-                ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where
-            ),
-        )
+        c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
+        failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c)
         decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
         self.ledger.decided_s = self.clock()
         self._attempt_failures = [failure]
