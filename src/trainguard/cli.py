@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
     p.add_argument("--home", help="state directory (default: $TRAINGUARD_HOME or ./.trainguard)")
+    p.add_argument(
+        "--db",
+        default=os.environ.get("TRAINGUARD_DB"),
+        help="store URL, e.g. postgresql+psycopg://user@host/db (default: $TRAINGUARD_DB, "
+        "else a SQLite file in the state directory)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a job and supervise it until it ends")
@@ -522,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(head)
         if args.cmd == "classify":
             return cmd_classify(args, None)
-        store = Store(Path(args.home).resolve() if args.home else None)
+        store = Store(Path(args.home).resolve() if args.home else None, args.db)
         if args.cmd == "run":
             command = command or [c for c in args.command if c != "--"]
             return cmd_run(args, store, command)

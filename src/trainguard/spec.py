@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from trainguard.errors import SpecError
+from trainguard.notify import NotifyRule
 
 UNLIMITED: Literal["unlimited"] = "unlimited"
 """The explicit spelling of "no limit" for a budget; -1 on input means the same."""
@@ -163,6 +164,24 @@ class CheckpointPolicy(_Model):
     score_order: Literal["max", "min"] = "max"
 
 
+class QueuePolicy(_Model):
+    """How a job waits for the server's quota (R-REC-3)."""
+
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher runs first; FIFO within
+    max_wait_s: float | None = Field(default=None, gt=0)  # then EXPIRED; None: wait forever
+    # A request larger than the whole quota, or a capacity failure at start, waits for
+    # capacity instead of failing the job (Vertex's flex-start idea).
+    wait_for_capacity: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_name(cls, data: Any) -> Any:
+        # `max_wait` (the issue's spelling) is `max_wait_s`: seconds either way.
+        if isinstance(data, dict) and "max_wait" in data and "max_wait_s" not in data:
+            data = {k if k != "max_wait" else "max_wait_s": v for k, v in data.items()}
+        return data
+
+
 class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
     framework: Literal["pytorch", "generic"] = "pytorch"
@@ -174,6 +193,8 @@ class JobSpec(_Model):
     gpu_inventory: list[int] | None = None
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
     fault_injection: list[str] = Field(default_factory=list)
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    notifications: list[NotifyRule] = Field(default_factory=list)
 
     @field_validator("fault_injection")
     @classmethod
