@@ -10,29 +10,29 @@ import argparse
 import json
 import os
 import re
-import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard import __version__
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
 from trainguard.explain import (
-    aggregate,
     classify_file,
     print_aggregate,
     print_classification,
     print_explain,
 )
 from trainguard.ft_args import parse_ft_args
-from trainguard.liveness import master_alive, reap_interrupted
+from trainguard.liveness import reap_interrupted
+from trainguard.queries import Reader, StoreReader
 from trainguard.spec import JobSpec, load_spec_file, validate_spec
 from trainguard.states import JobState
-from trainguard.store import Store
-from trainguard.views import job_summary, job_view
+from trainguard.store import Store, default_home
 
 if TYPE_CHECKING:
+    from trainguard.client import Client
     from trainguard.master import Outcome
 
 EXIT_FAILED = 1
@@ -62,6 +62,40 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that build a job spec: the same for `run` and `submit`."""
+    p.add_argument("-f", "--file", type=Path, help="job spec (YAML)")
+    p.add_argument("--job-name", dest="name", help="the job's name")
+    p.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
+    p.add_argument("--framework", help="pytorch (default) or generic")
+    p.add_argument("--success-policy", help="chief (default) or all")
+    p.add_argument(
+        "--from-checkpoint",
+        dest="initial_checkpoint",
+        metavar="PATH",
+        help="checkpoint.initial: start a new job from this checkpoint folder",
+    )
+    p.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
+    p.add_argument(
+        "--inject",
+        action="append",
+        dest="fault_injection",
+        metavar="SPEC",
+        help="fault_injection: e.g. signal:worker-1:SIGKILL@20s, stop:worker-0@step=50, master@30s",
+    )
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
+    p.add_argument(
+        "--retryable-error",
+        action="append",
+        dest="retryable_errors",
+        metavar="REGEX",
+        help="fault_tolerance.retryable_errors: a log text worth a retry (repeatable)",
+    )
+    for field, flag in _FT_FLAGS.items():
+        p.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
+    p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
@@ -74,37 +108,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
+    remote = _Parser(add_help=False)
+    remote.add_argument(
+        "--server",
+        default=os.environ.get("TRAINGUARD_SERVER"),
+        help="a trainguard server's URL (default: $TRAINGUARD_SERVER; else this machine's store)",
+    )
+    remote.add_argument("--token", help="the server's token (default: $TRAINGUARD_TOKEN)")
+
     run = sub.add_parser("run", help="run a job and supervise it until it ends")
-    run.add_argument("-f", "--file", type=Path, help="job spec (YAML)")
-    run.add_argument("--job-name", dest="name", help="the job's name")
-    run.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
-    run.add_argument("--framework", help="pytorch (default) or generic")
-    run.add_argument("--success-policy", help="chief (default) or all")
-    run.add_argument(
-        "--from-checkpoint",
-        dest="initial_checkpoint",
-        metavar="PATH",
-        help="checkpoint.initial: start a new job from this checkpoint folder",
-    )
-    run.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
-    run.add_argument(
-        "--inject",
-        action="append",
-        dest="fault_injection",
-        metavar="SPEC",
-        help="fault_injection: e.g. signal:worker-1:SIGKILL@20s, stop:worker-0@step=50, master@30s",
-    )
-    run.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
-    run.add_argument(
-        "--retryable-error",
-        action="append",
-        dest="retryable_errors",
-        metavar="REGEX",
-        help="fault_tolerance.retryable_errors: a log text worth a retry (repeatable)",
-    )
-    for field, flag in _FT_FLAGS.items():
-        run.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
-    run.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+    _add_spec_flags(run)
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
     run.add_argument(
         "--resume",
@@ -113,11 +126,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
 
-    res = sub.add_parser("resume", help="continue an interrupted or cancelled job")
+    sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
+    _add_spec_flags(sb)
+    sb.add_argument("--priority", type=int, help="queue.priority: higher runs first")
+    sb.add_argument("--max-wait", type=float, help="queue.max_wait_s: then EXPIRED")
+    sb.add_argument(
+        "--wait-for-capacity",
+        action="store_true",
+        default=None,
+        help="queue.wait_for_capacity: wait rather than fail when the quota is too small",
+    )
+    sb.add_argument("--json", action="store_true")
+    sb.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    srv = sub.add_parser("server", help="run the service: queue, HTTP API, web page")
+    srv.add_argument("--config", type=Path, help="server settings (YAML)")
+    srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, help="port (default 8470; 0 picks a free one)")
+    srv.add_argument("--token", help="require this token (default: $TRAINGUARD_TOKEN)")
+    srv.add_argument("--cpus", type=float, help="quota: cpus for all running jobs")
+    srv.add_argument("--gpus", help="quota: a GPU count, or the ids to hand out (0,1,2,3)")
+    srv.add_argument("--memory", help="quota: memory, e.g. 64Gi")
+
+    ms = sub.add_parser("_master")  # started by the server: the master of an admitted job
+    ms.add_argument("job")
+
+    res = sub.add_parser(
+        "resume", parents=[remote], help="continue an interrupted or cancelled job"
+    )
     res.add_argument("job", help="job id or name")
     res.add_argument("--quiet", action="store_true", help="do not tee replica output")
 
-    jobs = sub.add_parser("jobs", help="list jobs")
+    jobs = sub.add_parser("jobs", parents=[remote], help="list jobs")
     jobs.add_argument("--json", action="store_true")
     jobs.add_argument("--limit", type=int, default=50)
 
@@ -127,17 +167,21 @@ def _parser() -> argparse.ArgumentParser:
         ("explain", "why each failure of a job was (or was not) retried"),
         ("cancel", "cancel a running job"),
     ):
-        sp = sub.add_parser(name, help=text)
+        sp = sub.add_parser(name, parents=[remote], help=text)
         sp.add_argument("job", help="job id or name")
         sp.add_argument("--json", action="store_true")
         if name == "records":
             sp.add_argument("--aggregate", action="store_true", help="group faults by error")
 
-    gp = sub.add_parser("goodput", help="how much of the job's time trained, where the rest went")
+    gp = sub.add_parser(
+        "goodput", parents=[remote], help="how much of the job's time trained, where the rest went"
+    )
     gp.add_argument("job", help="job id or name")
     gp.add_argument("--json", action="store_true")
 
-    st = sub.add_parser("stacks", help="the stacks taken before a hang was stopped")
+    st = sub.add_parser(
+        "stacks", parents=[remote], help="the stacks taken before a hang was stopped"
+    )
     st.add_argument("job", help="job id or name")
     st.add_argument("--attempt", type=int, help="the attempt (default: every snapshot)")
     st.add_argument("--json", action="store_true")
@@ -149,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
     cl.add_argument("--json", action="store_true")
 
-    logs = sub.add_parser("logs", help="a replica's log")
+    logs = sub.add_parser("logs", parents=[remote], help="a replica's log")
     logs.add_argument("job", help="job id or name")
     logs.add_argument("--replica", help="replica name, e.g. worker-1 (default: the primary)")
     logs.add_argument("--attempt", type=int, help="attempt number (default: the last)")
@@ -263,7 +307,8 @@ def _default_name(command: list[str]) -> str:
 
 
 def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
-    from trainguard.runner import RESUMABLE, resume_job, run_job
+    from trainguard.control import RESUMABLE
+    from trainguard.runner import resume_job, run_job
 
     spec = build_spec(args, command)
     tee = None if args.quiet else sys.stdout
@@ -320,30 +365,33 @@ def _dump(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
-def cmd_jobs(args: argparse.Namespace, store: Store) -> int:
-    rows = [job_summary(j) for j in store.list_jobs(args.limit)]
+def cmd_jobs(args: argparse.Namespace, reader: Reader) -> int:
+    rows = reader.jobs(args.limit)
     if args.json:
         _dump(rows)
         return 0
     if not rows:
-        print(f"no jobs in {store.home}")
+        print("no jobs yet")
         return 0
     print(f"{'ID':<22} {'NAME':<20} {'STATE':<12} {'ATTEMPTS':>8}  CREATED")
     for r in rows:
         print(
             f"{r['id']:<22} {r['name'][:20]:<20} {r['state']:<12} {r['attempts']:>8}  "
             f"{_fmt_time(r['created_at_s'])}"
+            + (f"  ({r['queued_reason']})" if r.get("queued_reason") else "")
         )
     return 0
 
 
-def cmd_status(args: argparse.Namespace, store: Store) -> int:
-    view = job_view(store, store.resolve_job(args.job))
+def cmd_status(args: argparse.Namespace, reader: Reader) -> int:
+    view = reader.status(args.job)
     if args.json:
         _dump(view)
         return 0
     print(f"job       {view['id']} ({view['name']})")
     print(f"state     {view['state']}")
+    if view.get("queued_reason"):
+        print(f"queue     {view['queued_reason']}")
     print(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
     print(f"created   {_fmt_time(view['created_at_s'])}   ended {_fmt_time(view['ended_at_s'])}")
     if view["error_message"]:
@@ -357,36 +405,27 @@ def cmd_status(args: argparse.Namespace, store: Store) -> int:
     return 0
 
 
-def cmd_explain(args: argparse.Namespace, store: Store) -> int:
-    job = store.resolve_job(args.job)
-    failures = store.failures_of(job["id"])
+def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
+    data = reader.explain(args.job)
     if args.json:
-        _dump({"job": job_summary(job), "failures": failures})
+        _dump(data)
     else:
-        print_explain(job, failures)
+        print_explain(data["job"], data["failures"])
     return 0
 
 
-def cmd_classify(args: argparse.Namespace, store: Store | None) -> int:
+def cmd_classify(args: argparse.Namespace) -> int:
     c = classify_file(args.log, args.exit_code, args.signal, args.retryable_error)
     print_classification(c, args.json)
     return 0
 
 
-def cmd_goodput(args: argparse.Namespace, store: Store) -> int:
-    from trainguard.goodput import goodput
-
-    job = store.resolve_job(args.job)
-    g = goodput(
-        job,
-        store.attempts_of(job["id"]),
-        store.restarts_of(job["id"]),
-        store.progress_of(job["id"]),
-        time.time(),
-    )
+def cmd_goodput(args: argparse.Namespace, reader: Reader) -> int:
+    g = reader.goodput(args.job)
     if args.json:
         _dump(g)
         return 0
+    job = g["job"]
     total = g["total_s"] or 1.0
     print(
         f"job {job['id']} ({job['state']}): {g['total_s']:.1f} s in all, {g['failures']} failure(s)"
@@ -395,35 +434,21 @@ def cmd_goodput(args: argparse.Namespace, store: Store) -> int:
     for key, value in g["badput"].items():
         print(f"  {key[:-2].replace('_', ' '):<12} {value:8.2f} s  {100 * value / total:5.1f}%")
     print(f"advice: {g['advice']['text']}")
-    if not store.progress_of(job["id"]):
+    if not g["has_progress"]:
         print("(no progress was reported: call sdk.report or trainguard.train.report)")
     return 0
 
 
-def cmd_stacks(args: argparse.Namespace, store: Store) -> int:
+def cmd_stacks(args: argparse.Namespace, reader: Reader) -> int:
     from trainguard.stacks import StackReport, render
 
-    job = store.resolve_job(args.job)
-    rows = store.snapshots_of(job["id"], args.attempt)
-    views = [
-        {
-            "attempt": r["attempt"],
-            "at_s": r["at_s"],
-            "kind": r["kind"],
-            "culprits": (r["culprits"] or "").split(", ") if r["culprits"] else [],
-            "summary": r["summary"],
-            "duration_ms": r["duration_ms"],
-            "report": json.loads(r["report_json"]),
-            "snapshots": json.loads(r["snapshots_json"]),
-        }
-        for r in rows
-    ]
+    views = reader.stacks(args.job, args.attempt)
     if args.json:
         _dump(views)
         return 0
     if not views:
         where = f" in attempt {args.attempt}" if args.attempt is not None else ""
-        print(f"job {job['id']} has no stack snapshots{where} (they are taken when it hangs)")
+        print(f"job {args.job} has no stack snapshots{where} (they are taken when it hangs)")
         return 0
     for v in views:
         print(
@@ -434,21 +459,19 @@ def cmd_stacks(args: argparse.Namespace, store: Store) -> int:
     return 0
 
 
-def cmd_records(args: argparse.Namespace, store: Store) -> int:
-    job = store.resolve_job(args.job)
+def cmd_records(args: argparse.Namespace, reader: Reader) -> int:
+    rows = reader.records(args.job, args.aggregate)
     if args.aggregate:
-        groups = aggregate(store.failures_of(job["id"]))
         if args.json:
-            _dump(groups)
+            _dump(rows)
         else:
-            print_aggregate(groups)
+            print_aggregate(rows)
         return 0
-    rows = store.restarts_of(job["id"])
     if args.json:
         _dump(rows)
         return 0
     if not rows:
-        print(f"job {job['id']} has no restart records ({job['state']})")
+        print(f"job {args.job} has no restart records ({reader.status(args.job)['state']})")
         return 0
     for r in rows:
         print(
@@ -462,7 +485,7 @@ def cmd_records(args: argparse.Namespace, store: Store) -> int:
         if r["isolated"]:
             print(f"   isolated: {r['isolated']}")
         if r["snapshot_id"]:
-            print(f"   stacks:   trainguard stacks {job['id']}")
+            print(f"   stacks:   trainguard stacks {r['job_id']}")
         phases = ", ".join(
             f"{k[:-3]} {r[k]:.0f} ms"
             for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
@@ -472,46 +495,25 @@ def cmd_records(args: argparse.Namespace, store: Store) -> int:
     return 0
 
 
-def cmd_logs(args: argparse.Namespace, store: Store) -> int:
-    job = store.resolve_job(args.job)
-    runs = store.runs_of(job["id"], args.attempt)
-    if not runs:
-        where = f" in attempt {args.attempt}" if args.attempt is not None else ""
-        raise JobNotFound(f"job {job['id']} has no replica runs{where}")
-    attempt = max(r["attempt"] for r in runs)
-    runs = [r for r in runs if r["attempt"] == attempt]
-    name = args.replica or min(runs, key=lambda r: r["rank"])["replica"]
-    mine = [r for r in runs if r["replica"] == name]
-    if not mine:
-        names = ", ".join(sorted({r["replica"] for r in runs}))
-        raise JobNotFound(f"job {job['id']} has no replica {name!r} (it has: {names})")
-    path = Path(mine[-1]["log_path"])
-    if not path.is_file():
-        print(f"(no output yet: {path})", file=sys.stderr)
+def cmd_logs(args: argparse.Namespace, reader: Reader) -> int:
+    log = reader.log(args.job, args.replica, args.attempt, args.tail)
+    if not log["exists"]:
+        print(f"(no output yet: {log['path']})", file=sys.stderr)
         return 0
-    with open(path, "rb") as fh:
-        data = fh.read()
-    text = data.decode("utf-8", "replace")
-    if args.tail is not None:
-        text = "\n".join(text.splitlines()[-args.tail :]) + "\n"
-    sys.stdout.write(text)
+    sys.stdout.write(log["text"])
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.control import cancel_deadline_s, request_cancel
+
     job = store.resolve_job(args.job)
+    message = request_cancel(store, job)
+    if not message.endswith("cancel requested"):
+        print(message)
+        return 0
+    deadline = time.time() + cancel_deadline_s(job)
     state = JobState(job["state"])
-    if state.is_terminal:
-        print(f"job {job['id']} is already {state.value}; nothing to cancel")
-        return 0
-    if not master_alive(job):
-        reap_interrupted(store)
-        print(f"job {job['id']}: its master is gone; marked {JobState.INTERRUPTED.value}")
-        return 0
-    os.kill(int(job["master_pid"]), signal.SIGTERM)
-    deadline = (
-        time.time() + json.loads(job["spec_json"])["fault_tolerance"]["stop_grace_period_s"] + 30
-    )
     while time.time() < deadline:
         state = JobState(store.job(job["id"])["state"])
         if state.is_terminal:
@@ -521,32 +523,124 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
     return 0 if state.is_terminal else EXIT_FAILED
 
 
+def cmd_remote_cancel(args: argparse.Namespace, client: Client) -> int:
+    answer = client.cancel(args.job)
+    deadline = time.time() + 60
+    state = JobState(answer["state"])
+    while not state.is_terminal and time.time() < deadline:
+        time.sleep(0.2)
+        state = JobState(client.status(answer["id"])["state"])
+    if args.json:
+        _dump({"id": answer["id"], "state": state.value, "message": answer["message"]})
+    else:
+        print(f"job {answer['id']} {state.value}")
+    return 0 if state.is_terminal else EXIT_FAILED
+
+
+def cmd_submit(args: argparse.Namespace, client: Client, command: list[str]) -> int:
+    spec = build_spec(args, command)
+    data = spec.model_dump(mode="json")
+    queue = dict(data["queue"])
+    for key, value in (
+        ("priority", args.priority),
+        ("max_wait_s", args.max_wait),
+        ("wait_for_capacity", args.wait_for_capacity),
+    ):
+        if value is not None:
+            queue[key] = value
+    data["queue"] = queue
+    validate_spec(data)  # a bad --max-wait is named here, not by the server
+    answer = client.submit(data, os.getcwd())
+    if args.json:
+        _dump(answer)
+    else:
+        print(answer["id"])
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from trainguard.server import serve
+    from trainguard.server_config import load_server_config
+
+    overrides = {k: getattr(args, k) for k in ("host", "port", "token", "cpus", "gpus", "memory")}
+    overrides["db"] = args.db
+    config = load_server_config(args.config, overrides)
+    return serve(config, Path(args.home).resolve() if args.home else None)
+
+
+def cmd_master(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.runner import run_admitted
+
+    outcome = run_admitted(args.job, store)
+    return 0 if outcome.state is JobState.SUCCEEDED else EXIT_FAILED
+
+
+def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
+    """`--server`, else $TRAINGUARD_SERVER; for submit, else the server of this home."""
+    from trainguard.client import Client
+
+    url = getattr(args, "server", None)
+    if url is None and args.cmd == "submit":
+        info = (home or default_home()) / "server.json"
+        if info.is_file():
+            url = json.loads(info.read_text())["url"]
+        else:
+            raise SpecError(
+                [
+                    "submit: no server: give --server URL or set TRAINGUARD_SERVER "
+                    "(start one with `trainguard server`)"
+                ]
+            )
+    return Client(url, getattr(args, "token", None)) if url else None
+
+
+_READERS: dict[str, Callable[[argparse.Namespace, Reader], int]] = {
+    "jobs": cmd_jobs,
+    "status": cmd_status,
+    "records": cmd_records,
+    "explain": cmd_explain,
+    "stacks": cmd_stacks,
+    "goodput": cmd_goodput,
+    "logs": cmd_logs,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     head, command = _split_command(argv)
     try:
         args = _parser().parse_args(head)
+        home = Path(args.home).resolve() if args.home else None
         if args.cmd == "classify":
-            return cmd_classify(args, None)
-        store = Store(Path(args.home).resolve() if args.home else None, args.db)
-        if args.cmd == "run":
+            return cmd_classify(args)
+        if args.cmd == "server":
+            return cmd_server(args)
+        if args.cmd in ("run", "submit"):
             command = command or [c for c in args.command if c != "--"]
-            return cmd_run(args, store, command)
-        if command:
+        elif command:
             raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
+        client = _client(args, home)
+        if client is not None:
+            if args.cmd == "submit":
+                return cmd_submit(args, client, command)
+            if args.cmd == "cancel":
+                return cmd_remote_cancel(args, client)
+            if args.cmd == "resume":
+                answer = client.resume(args.job)
+                print(f"job {answer['id']} {answer['state']}: {answer['message']}")
+                return 0
+            return _READERS[args.cmd](args, client)
+        store = Store(home, args.db)
+        if args.cmd == "run":
+            return cmd_run(args, store, command)
+        if args.cmd == "_master":
+            return cmd_master(args, store)
         reap_interrupted(store)
-        handler = {
-            "jobs": cmd_jobs,
-            "status": cmd_status,
-            "records": cmd_records,
-            "explain": cmd_explain,
-            "stacks": cmd_stacks,
-            "goodput": cmd_goodput,
-            "logs": cmd_logs,
-            "cancel": cmd_cancel,
-            "resume": cmd_resume,
-        }[args.cmd]
-        return handler(args, store)
+        if args.cmd == "cancel":
+            return cmd_cancel(args, store)
+        if args.cmd == "resume":
+            return cmd_resume(args, store)
+        return _READERS[args.cmd](args, StoreReader(store))
     except SpecError as exc:
         for line in exc.problems:
             print(f"trainguard: {line}", file=sys.stderr)

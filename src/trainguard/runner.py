@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.backends.local import LocalBackend
+from trainguard.control import check_resumable
 from trainguard.errors import ResumeError
 from trainguard.liveness import master_identity, reap_interrupted
 from trainguard.master import Master, Outcome
@@ -64,10 +65,6 @@ def run_job(
     return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, None)
 
 
-RESUMABLE = (JobState.INTERRUPTED, JobState.CANCELLED)
-"""A job stopped from outside can go on; one that succeeded or failed on its own is done."""
-
-
 def resume_job(
     job: dict[str, Any],
     store: Store,
@@ -78,13 +75,8 @@ def resume_job(
     """Continue `job` under this process as its new master: same id, a new attempt."""
     reap_interrupted(store)
     job = store.job(job["id"])
+    check_resumable(job)
     state = JobState(job["state"])
-    if state not in RESUMABLE:
-        live = "" if state.is_terminal else f" (its master, pid {job['master_pid']}, is alive)"
-        raise ResumeError(
-            f"job {job['id']} is {state.value}{live}; only an interrupted or cancelled "
-            "job can be resumed"
-        )
     spec = validate_spec(json.loads(job["spec_json"]))
     job_id = str(job["id"])
     recorder = Recorder(store, job_id)
@@ -95,6 +87,22 @@ def resume_job(
     log_dir, cwd = Path(job["log_dir"]), job["cwd"] or os.getcwd()
     resume_after = (int(job["attempts"]), restarts)
     return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, resume_after)
+
+
+def run_admitted(job_id: str, store: Store, *, status: TextIO = sys.stderr) -> Outcome:
+    """The master of a job the server admitted (PENDING): a first run, or a resume."""
+    job = store.job(job_id)
+    if job["state"] != JobState.PENDING.value:
+        raise ResumeError(f"job {job_id} is {job['state']}, not admitted (PENDING)")
+    spec = validate_spec(json.loads(job["spec_json"]))
+    recorder = Recorder(store, job_id)
+    store.update_job(job_id, **master_identity())
+    restarts = len(store.restarts_of(job_id))
+    resume_after = (int(job["attempts"]), restarts) if job["attempts"] else None
+    say = _say_to(status)
+    say(f"job {job_id} ({spec.name}): admitted, attempt {job['attempts']}")
+    log_dir, cwd = Path(job["log_dir"]), job["cwd"] or os.getcwd()
+    return _master_run(job_id, spec, recorder, log_dir, cwd, None, say, resume_after)
 
 
 def _master_run(

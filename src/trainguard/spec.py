@@ -280,7 +280,7 @@ def _describe(err: Any) -> str:
     return f"{loc}: {msg}, got {got!r}"
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def validation_problems(exc: ValidationError) -> list[str]:
     seen: list[str] = []
     for err in exc.errors():
         line = _describe(err)
@@ -296,7 +296,7 @@ def validate_spec(data: Any) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_problems(exc)) from None
+        raise SpecError(validation_problems(exc)) from None
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:

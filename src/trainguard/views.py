@@ -30,6 +30,9 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
         "ended_at_s": job["ended_at_s"],
         "master_pid": job["master_pid"],
         "log_dir": job["log_dir"],
+        "origin": job.get("origin"),
+        "priority": job.get("priority"),
+        "queued_reason": job.get("queued_reason"),
         "progress": {
             "step": job.get("last_step"),
             "metrics": json.loads(metrics) if metrics else None,
@@ -56,8 +59,19 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_SUMMARY = (
+    "id",
+    "name",
+    "state",
+    "attempts",
+    "created_at_s",
+    "ended_at_s",
+    "error_code",
+    "error_message",
+    "queued_reason",
+    "last_step",
+)
+
+
 def job_summary(job: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: job[k]
-        for k in ("id", "name", "state", "attempts", "created_at_s", "ended_at_s", "error_message")
-    }
+    return {k: job.get(k) for k in _SUMMARY}

@@ -1,0 +1,62 @@
+"""`trainguard server`: the Service's scheduling loop and the HTTP API in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import uvicorn
+
+from trainguard.api import create_app
+from trainguard.server_config import ServerConfig
+from trainguard.service import Service
+from trainguard.store import Store
+
+
+def serve(config: ServerConfig, home: Path | None) -> int:
+    """Run until SIGINT/SIGTERM. The masters of running jobs outlive the server."""
+    store = Store(home, config.db)
+    service = Service(store, config)
+    return asyncio.run(_serve(service, config))
+
+
+async def _serve(service: Service, config: ServerConfig) -> int:
+    app = create_app(service)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    scheduler = asyncio.create_task(service.run())
+    serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    if serving.done():  # could not bind: uvicorn said why
+        scheduler.cancel()
+        return 1
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    url = f"http://{host}:{port}"
+    info = service.store.home / "server.json"
+    info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    service.say(f"listening on {url} (store {service.store.engine.url.render_as_string()})")
+    try:
+        await serving
+    finally:
+        scheduler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await scheduler
+        with contextlib.suppress(OSError):
+            info.unlink()
+    return 0
+
+
+_ = signal  # uvicorn installs its own SIGINT/SIGTERM handlers for a graceful stop
