@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.classify import Classification
+from trainguard.notify import Notifier
 from trainguard.policy import Failure
 from trainguard.states import JobState, ReplicaState
 from trainguard.store import (
@@ -27,9 +28,16 @@ NODE = socket.gethostname()
 
 
 class Recorder:
-    def __init__(self, store: Store, job_id: str) -> None:
+    """Writes the rows, and tells the notifier (if any) what people may want to hear."""
+
+    def __init__(self, store: Store, job_id: str, notifier: Notifier | None = None) -> None:
         self.store = store
         self.job_id = job_id
+        self.notifier = notifier
+
+    def _notify(self, kind: str, text: str, **fields: Any) -> None:
+        if self.notifier is not None:
+            self.notifier.emit(kind, text, **fields)
 
     def job_created(
         self, *, name: str, spec: Any, log_dir: Path, at_s: float, master: dict[str, Any]
@@ -67,6 +75,13 @@ class Recorder:
         if state.is_terminal:
             job_values.setdefault("ended_at_s", at_s)
         self.store.record_transition(self.job_id, prev, state, at_s, reason, **job_values)
+        self._notify(
+            "state_change",
+            f"{prev.value} -> {state.value}: {reason}",
+            state=state.value,
+            previous=prev.value,
+            error_code=job_values.get("error_code"),
+        )
 
     def attempt_started(self, number: int, at_s: float, addr: str, port: int) -> None:
         self.store.insert(
@@ -170,6 +185,7 @@ class Recorder:
         report: dict[str, Any],
         snapshots: list[dict[str, Any]],
     ) -> int:
+        self._notify("hang", summary, kind_of_hang=kind, culprits=culprits, attempt=attempt)
         return self.store.insert(
             stack_snapshots,
             job_id=self.job_id,
@@ -208,9 +224,17 @@ class Recorder:
         self.store.insert(
             events, job_id=self.job_id, at_s=at_s, replica=replica, kind=kind, text=text
         )
+        if kind == "custom_message":
+            self._notify("custom_message", text, replica=replica)
 
     def restart(self, **values: Any) -> int:
-        return self.store.insert(restart_records, job_id=self.job_id, node=NODE, **values)
+        row = self.store.insert(restart_records, job_id=self.job_id, node=NODE, **values)
+        about = {k: values.get(k) for k in ("replica", "failure_class", "error_code", "round")}
+        text = f"{values.get('error_message')} -> {values.get('decision')}"
+        self._notify("restart", text, **about)
+        if values.get("isolated"):
+            self._notify("isolation", str(values["isolated"]), replica=values.get("replica"))
+        return row
 
     def restart_phases(self, record_id: int, **phases_ms: float) -> None:
         self.store.update_row(restart_records, record_id, **phases_ms)

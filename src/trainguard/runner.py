@@ -18,6 +18,7 @@ from trainguard.control import check_resumable
 from trainguard.errors import ResumeError
 from trainguard.liveness import master_identity, reap_interrupted
 from trainguard.master import Master, Outcome
+from trainguard.notify import Notifier, NotifyRule
 from trainguard.recorder import Recorder
 from trainguard.spec import JobSpec, validate_spec
 from trainguard.states import JobState
@@ -116,6 +117,9 @@ def _master_run(
     resume_after: tuple[int, int] | None,
 ) -> Outcome:
     """This process becomes the job's master (local backend) until the job ends."""
+    rules = [*spec.notifications, *_server_rules()]
+    if rules:
+        recorder.notifier = Notifier(rules, job_id=job_id, job_name=spec.name)
     master = Master(
         job_id=job_id,
         spec=spec,
@@ -126,7 +130,19 @@ def _master_run(
         say=say,
         resume_after=resume_after,
     )
-    return asyncio.run(_supervise(master))
+    try:
+        return asyncio.run(_supervise(master))
+    finally:
+        if recorder.notifier is not None:
+            recorder.notifier.close(timeout_s=5.0)
+
+
+def _server_rules() -> list[NotifyRule]:
+    """The server's own notification rules, handed to the masters it starts."""
+    text = os.environ.get("TRAINGUARD_NOTIFY_RULES")
+    if not text:
+        return []
+    return [NotifyRule.model_validate(r) for r in json.loads(text)]
 
 
 async def _supervise(master: Master) -> Outcome:

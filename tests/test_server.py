@@ -1,0 +1,301 @@
+"""`trainguard server` for real: a server process, job masters, the CLI over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TG, alive, child, wait_for
+
+from trainguard.states import JobState
+
+
+class Server:
+    """A running server on a free port, and the CLI pointed at it."""
+
+    def __init__(self, tg: TG, *flags: str) -> None:
+        self.tg = tg
+        self.flags = flags
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.token = flags[flags.index("--token") + 1] if "--token" in flags else None
+
+    def start(self) -> Server:
+        info = self.tg.home / "server.json"
+        info.unlink(missing_ok=True)
+        self.proc = self.tg.start("server", "--port", "0", *self.flags)
+        wait_for(lambda: info.is_file() or self.proc.poll() is not None, 30, "the server")
+        assert self.proc.poll() is None, self.proc.communicate()
+        self.url = json.loads(info.read_text())["url"]
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def cli(self, *args: str, token: str | None = "") -> subprocess.CompletedProcess[str]:
+        token = self.token if token == "" else token
+        extra = ["--token", token] if token else []
+        return self.tg(*args[:1], "--server", self.url, *extra, *args[1:])
+
+    def json(self, *args: str) -> Any:
+        res = self.cli(*args, "--json")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def submit(self, *args: str) -> str:
+        res = self.cli("submit", *args)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    def state(self, job_id: str) -> str:
+        return str(self.json("status", job_id)["state"])
+
+    def wait_state(self, job_id: str, *states: str, timeout: float = 60) -> str:
+        return str(
+            wait_for(
+                lambda: (s := self.state(job_id)) in states and s,
+                timeout,
+                f"{job_id} to be {'/'.join(states)}",
+            )
+        )
+
+    def http(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        req = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+
+    def stop(self) -> None:
+        """Cancel what still runs (masters outlive the server), then stop the server."""
+        if self.proc is not None and self.proc.poll() is None:
+            for job in self.json("jobs", "--limit", "1000"):
+                if not JobState(job["state"]).is_terminal:
+                    self.cli("cancel", job["id"])
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for job in self.tg.json("jobs", "--limit", "1000"):
+            pid = self.tg.json("status", job["id"])["master_pid"]
+            if pid and not JobState(job["state"]).is_terminal and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def server_factory(tg: TG) -> Iterator[Any]:
+    made: list[Server] = []
+
+    def make(*flags: str) -> Server:
+        s = Server(tg, *flags).start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def sleeper(seconds: float) -> list[str]:
+    return ["--", *child("*:print:started {rank}", f"*:sleep:{seconds}", "*:print:done")]
+
+
+def test_submit_runs_the_job_and_every_reader_works_over_http(server_factory: Any) -> None:
+    srv = server_factory("--cpus", "4")
+    job_id = srv.submit(
+        "--nproc-per-node",
+        "2",
+        "--job-name",
+        "flaky",
+        "--",
+        *child("1@0:sleep:0.3", "1@0:signal:SIGKILL", "0:sleep:1", "*:print:hello {rank}"),
+    )
+    assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
+    remote = srv.json("status", job_id)
+    local = srv.tg.json("status", job_id)
+    assert remote == local  # the same shape, read over HTTP or from the store
+    assert remote["attempts"] == 2 and remote["restarts"] == 1
+    records = srv.json("records", job_id)
+    assert len(records) == 1 and records[0]["failure_class"]
+    assert srv.json("records", job_id, "--aggregate")[0]["count"] >= 1
+    assert srv.json("explain", job_id)["failures"]
+    assert srv.json("goodput", job_id)["job"]["id"] == job_id
+    assert srv.json("stacks", job_id) == []
+    logs = srv.cli("logs", job_id, "--replica", "worker-1")
+    assert logs.returncode == 0 and "hello 1" in logs.stdout
+    listed = srv.json("jobs")
+    assert [j["id"] for j in listed] == [job_id]
+
+
+def test_quota_queues_fifo_with_the_reason_and_runs_as_far_as_it_allows(
+    server_factory: Any,
+) -> None:
+    srv = server_factory("--cpus", "2")
+    ids = [srv.submit("--nproc-per-node", "2", *sleeper(s)) for s in (4, 1, 1)]
+    wait_for(lambda: srv.state(ids[0]) == "RUNNING", 30, "the first job to run")
+    second = srv.json("status", ids[1])
+    assert second["state"] == "QUEUED"
+    assert second["queued_reason"] == "waiting for 2 cpus, 0 free"
+    assert "behind" in srv.json("status", ids[2])["queued_reason"]
+    for job_id in ids:
+        assert srv.wait_state(job_id, "SUCCEEDED", "FAILED", timeout=90) == "SUCCEEDED"
+    # Never two at once: each job was admitted after the one before it ended.
+    spans = []
+    for job_id in ids:
+        rows = {t["to_state"]: t["at_s"] for t in _transitions(srv, job_id)}
+        spans.append((rows["PENDING"], rows["SUCCEEDED"]))
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]
+
+
+def _transitions(srv: Server, job_id: str) -> list[dict[str, Any]]:
+    return list(srv.http("GET", f"/api/jobs/{job_id}/history")[1]["transitions"])
+
+
+def test_max_wait_expires_and_an_oversized_job_is_refused_or_waits(server_factory: Any) -> None:
+    srv = server_factory("--cpus", "1")
+    first = srv.submit(*sleeper(30))
+    expiring = srv.submit("--max-wait", "1", *sleeper(1))
+    assert srv.wait_state(expiring, "EXPIRED", timeout=30) == "EXPIRED"
+    status = srv.json("status", expiring)
+    assert status["error_code"] == "EXPIRED" and "max_wait_s is 1" in status["error_message"]
+
+    too_big = srv.cli("submit", "--nproc-per-node", "4", *sleeper(1))
+    assert too_big.returncode == 2
+    assert (
+        "4 cpus, 1 in the whole quota" in too_big.stderr and "wait_for_capacity" in too_big.stderr
+    )
+    assert "Traceback" not in too_big.stderr
+
+    waiting = srv.submit("--nproc-per-node", "4", "--wait-for-capacity", *sleeper(1))
+    wait_for(
+        lambda: (srv.json("status", waiting)["queued_reason"] or "").startswith(
+            "waiting for capacity"
+        ),
+        30,
+        "the capacity reason",
+    )
+    srv.cli("cancel", first)
+
+
+def test_cancel_queued_and_running_then_resume(server_factory: Any) -> None:
+    srv = server_factory("--cpus", "1")
+    running = srv.submit(*sleeper(60))
+    queued = srv.submit(*sleeper(1))
+    srv.wait_state(running, "RUNNING")
+    res = srv.cli("cancel", queued)
+    assert res.returncode == 0 and "CANCELLED" in res.stdout
+    res = srv.cli("cancel", running)
+    assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
+    pids = [r["pid"] for r in srv.json("status", running)["replicas"]]
+    assert pids and not any(alive(p) for p in pids)
+
+    res = srv.cli("resume", queued)
+    assert res.returncode == 0, res.stderr
+    assert srv.wait_state(queued, "SUCCEEDED", "FAILED") == "SUCCEEDED"
+    # A job that ended on its own cannot be resumed: a clear conflict, no traceback.
+    again = srv.cli("resume", queued)
+    assert again.returncode != 0 and "only an interrupted or cancelled" in again.stderr
+
+
+def test_server_restart_loses_nothing(server_factory: Any, tg: TG) -> None:
+    srv = server_factory("--cpus", "1")
+    long_job = srv.submit(*sleeper(6))
+    queued = srv.submit(*sleeper(0.5))
+    srv.wait_state(long_job, "RUNNING")
+    master = srv.json("status", long_job)["master_pid"]
+    srv.kill()  # SIGKILL: no goodbye
+    assert alive(master)  # the job's master lives in its own session
+
+    srv2 = server_factory("--cpus", "1")
+    assert srv2.state(queued) == "QUEUED"
+    assert srv2.wait_state(long_job, "SUCCEEDED", "FAILED", timeout=60) == "SUCCEEDED"
+    assert srv2.wait_state(queued, "SUCCEEDED", "FAILED", timeout=60) == "SUCCEEDED"
+
+
+def test_a_job_whose_master_died_is_resumed_by_the_server(server_factory: Any) -> None:
+    srv = server_factory("--cpus", "2")
+    job_id = srv.submit("--nproc-per-node", "2", *sleeper(4))
+    srv.wait_state(job_id, "RUNNING")
+    os.kill(srv.json("status", job_id)["master_pid"], signal.SIGKILL)
+    assert srv.wait_state(job_id, "SUCCEEDED", "FAILED", timeout=90) == "SUCCEEDED"
+    reasons = [t["reason"] for t in _transitions(srv, job_id)]
+    assert "auto-resume: its master was lost" in reasons
+    assert srv.json("status", job_id)["attempts"] == 2
+
+
+def test_token_is_required_off_loopback_and_checked(server_factory: Any, tg: TG) -> None:
+    res = tg("server", "--host", "0.0.0.0", "--port", "0")
+    assert res.returncode == 2 and "needs a token" in res.stderr
+    srv = server_factory("--token", "s3cret")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        srv.http("GET", "/api/jobs")
+    assert err.value.code == 401
+    assert srv.http("GET", "/api/jobs", token="s3cret") == (200, [])
+    denied = srv.cli("jobs", token=None)
+    assert denied.returncode != 0 and "token" in denied.stderr and "Traceback" not in denied.stderr
+    assert srv.cli("jobs", token="s3cret").returncode == 0
+    with urllib.request.urlopen(srv.url + "/healthz", timeout=5) as resp:
+        assert resp.status == 200
+
+
+def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
+    srv = server_factory()
+    status, _ = 0, None
+    with pytest.raises(urllib.error.HTTPError) as err:
+        srv.http("POST", "/api/jobs", {"spec": {"name": "x", "worker_pools": [{"replicas": 0}]}})
+    assert err.value.code == 422
+    body = json.loads(err.value.read())
+    assert "worker_pools[0].replicas: must be >= 1, got 0" in body["problems"]
+    assert "worker_pools[0].command: is required" in body["problems"]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        srv.http("GET", "/api/jobs/..%2F..%2Fetc")
+    assert err.value.code in (404, 422)
+    missing = srv.cli("status", "nope")
+    assert missing.returncode != 0 and "no job with id or name 'nope'" in missing.stderr
+    assert srv.json("jobs") == []
+    assert status == 0
+
+
+def test_metrics_in_prometheus_format(server_factory: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv = server_factory("--cpus", "2")
+    job_id = srv.submit(
+        "--nproc-per-node", "2", "--", *child("1@0:signal:SIGKILL", "0:sleep:1", "*:print:ok")
+    )
+    assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    jobs = {s.labels["state"]: s.value for s in families["trainguard_jobs"].samples}
+    assert jobs["SUCCEEDED"] == 1
+    restarts = families["trainguard_restarts"].samples
+    assert sum(s.value for s in restarts if s.name.endswith("_total")) == 1
+    detect = {s.name: s.value for s in families["trainguard_detection_seconds"].samples}
+    assert detect["trainguard_detection_seconds_count"] == 1
+    assert "trainguard_queue_length" in families
+
+
+def test_submit_without_a_server_says_how_to_get_one(tg: TG, tmp_path: Path) -> None:
+    res = tg("submit", *sleeper(1))
+    assert res.returncode == 2 and "no server" in res.stderr
+    res = tg("jobs", "--server", "http://127.0.0.1:9")
+    assert res.returncode != 0 and "cannot reach the trainguard server" in res.stderr
+    assert time.time() > 0
