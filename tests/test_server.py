@@ -144,6 +144,7 @@ def test_submit_runs_the_job_and_every_reader_works_over_http(server_factory: An
     assert [j["id"] for j in listed] == [job_id]
 
 
+@pytest.mark.slow
 def test_quota_queues_fifo_with_the_reason_and_runs_as_far_as_it_allows(
     server_factory: Any,
 ) -> None:
@@ -168,6 +169,7 @@ def _transitions(srv: Server, job_id: str) -> list[dict[str, Any]]:
     return list(srv.http("GET", f"/api/jobs/{job_id}/history")[1]["transitions"])
 
 
+@pytest.mark.slow
 def test_max_wait_expires_and_an_oversized_job_is_refused_or_waits(server_factory: Any) -> None:
     srv = server_factory("--cpus", "1")
     first = srv.submit(*sleeper(30))
@@ -194,6 +196,7 @@ def test_max_wait_expires_and_an_oversized_job_is_refused_or_waits(server_factor
     srv.cli("cancel", first)
 
 
+@pytest.mark.slow
 def test_cancel_queued_and_running_then_resume(server_factory: Any) -> None:
     srv = server_factory("--cpus", "1")
     running = srv.submit(*sleeper(60))
@@ -214,6 +217,7 @@ def test_cancel_queued_and_running_then_resume(server_factory: Any) -> None:
     assert again.returncode != 0 and "only an interrupted or cancelled" in again.stderr
 
 
+@pytest.mark.slow
 def test_server_restart_loses_nothing(server_factory: Any, tg: TG) -> None:
     srv = server_factory("--cpus", "1")
     long_job = srv.submit(*sleeper(6))
@@ -229,6 +233,7 @@ def test_server_restart_loses_nothing(server_factory: Any, tg: TG) -> None:
     assert srv2.wait_state(queued, "SUCCEEDED", "FAILED", timeout=60) == "SUCCEEDED"
 
 
+@pytest.mark.slow
 def test_a_job_whose_master_died_is_resumed_by_the_server(server_factory: Any) -> None:
     srv = server_factory("--cpus", "2")
     job_id = srv.submit("--nproc-per-node", "2", *sleeper(4))
