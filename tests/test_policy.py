@@ -24,6 +24,7 @@ from trainguard.policy import (
     RestartJob,
     RestartReplica,
     Succeed,
+    WaitForCapacity,
     decide_clean_exit,
     decide_failure,
     describe,
@@ -426,3 +427,24 @@ def test_direct_classification_internal_error_code() -> None:
     restart = decide_failure(_ft(), Budgets(), failure)
     assert isinstance(restart, RestartJob)
     assert _charges(restart) == (Charge("max_internal_restarts", 1, 2), JOB_1)
+
+
+def _capacity_failure() -> Failure:
+    c = classify_exit(
+        ExitEvidence("worker-1", 1, log_tail=("RuntimeError: No CUDA GPUs are available",))
+    )
+    assert c.failure_class is FailureClass.CAPACITY
+    return Failure("worker-1", "worker", 1, 1, 42, 100.0, c)
+
+
+def test_capacity_budget_spent_waits_for_capacity_only_when_asked() -> None:
+    b = Budgets(class_restarts={"max_capacity_restarts": 3})
+    failed = decide_failure(_ft(), b, _capacity_failure())
+    assert isinstance(failed, FailJob) and "max_capacity_restarts is spent (3/3)" in failed.reason
+    waits = decide_failure(_ft(), b, _capacity_failure(), wait_for_capacity=True)
+    assert isinstance(waits, WaitForCapacity) and "waits for capacity" in waits.reason
+    assert b.after(_capacity_failure(), waits).job_restarts == 0  # waiting charges nothing
+    # Another class with its budget spent still fails.
+    transient = Budgets(class_restarts={"max_transient_restarts": 3})
+    d = decide_failure(_ft(), transient, _failure("transient"), wait_for_capacity=True)
+    assert isinstance(d, FailJob)

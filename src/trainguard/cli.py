@@ -94,6 +94,14 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     for field, flag in _FT_FLAGS.items():
         p.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
     p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+    p.add_argument("--priority", help="queue.priority: higher runs first (server queue)")
+    p.add_argument("--max-wait", dest="max_wait_s", help="queue.max_wait_s: then EXPIRED")
+    p.add_argument(
+        "--wait-for-capacity",
+        action="store_true",
+        default=None,
+        help="queue.wait_for_capacity: wait rather than fail on a capacity shortage",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,14 +136,6 @@ def _parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
     _add_spec_flags(sb)
-    sb.add_argument("--priority", type=int, help="queue.priority: higher runs first")
-    sb.add_argument("--max-wait", type=float, help="queue.max_wait_s: then EXPIRED")
-    sb.add_argument(
-        "--wait-for-capacity",
-        action="store_true",
-        default=None,
-        help="queue.wait_for_capacity: wait rather than fail when the quota is too small",
-    )
     sb.add_argument("--json", action="store_true")
     sb.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
 
@@ -275,6 +275,11 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
         data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
+    queue: dict[str, Any] = dict(data.get("queue") or {})
+    for key in ("priority", "max_wait_s", "wait_for_capacity"):
+        if getattr(args, key) is not None:
+            queue[key] = getattr(args, key)
+    data["queue"] = queue
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if "name" not in data and command:
@@ -290,10 +295,11 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags = {f"fault_tolerance.{f}": flag for f, flag in _FT_FLAGS.items()}
     flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
     flags["gpu_inventory"] = "--gpus"
+    flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
     field = line.split(":", 1)[0]
     if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
         return f"{line} (from --inject)"
-    dest = field.removeprefix("fault_tolerance.")
+    dest = field.rsplit(".", 1)[-1]
     if field in flags and getattr(args, dest, None) is not None:
         return f"{line} (from {flags[field]})"
     return line
@@ -540,16 +546,6 @@ def cmd_remote_cancel(args: argparse.Namespace, client: Client) -> int:
 def cmd_submit(args: argparse.Namespace, client: Client, command: list[str]) -> int:
     spec = build_spec(args, command)
     data = spec.model_dump(mode="json")
-    queue = dict(data["queue"])
-    for key, value in (
-        ("priority", args.priority),
-        ("max_wait_s", args.max_wait),
-        ("wait_for_capacity", args.wait_for_capacity),
-    ):
-        if value is not None:
-            queue[key] = value
-    data["queue"] = queue
-    validate_spec(data)  # a bad --max-wait is named here, not by the server
     answer = client.submit(data, os.getcwd())
     if args.json:
         _dump(answer)

@@ -49,6 +49,7 @@ from trainguard.policy import (
     RestartJob,
     RestartReplica,
     Succeed,
+    WaitForCapacity,
     decide_clean_exit,
     decide_failure,
     describe,
@@ -66,7 +67,21 @@ class CancelRequested:
     reason: str = "cancelled by the user"
 
 
-MasterEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited | CancelRequested | HangDetected
+@dataclass(frozen=True)
+class CapacityRetry:
+    """The wait for capacity is over: try a new attempt (if still waiting)."""
+
+    attempt: int
+
+
+MasterEvent = (
+    ReplicaStarted
+    | ReplicaFirstOutput
+    | ReplicaExited
+    | CancelRequested
+    | HangDetected
+    | CapacityRetry
+)
 
 
 @dataclass
@@ -128,6 +143,8 @@ class Master:
         self._role_sizes = {p.role: p.replicas for p in spec.worker_pools}
         self.state = JobState.PENDING
         self.attempt = -1
+        self._capacity_since: float | None = None  # when the current wait for capacity began
+        self._capacity_attempt = -1  # the attempt that last ended waiting for capacity
         self.outcome = Outcome(JobState.PENDING)
         self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
@@ -219,6 +236,10 @@ class Master:
                 await self._on_cancel(event)
             case HangDetected():
                 await self._on_hang(event)
+            case CapacityRetry():
+                if self.state is JobState.RESTARTING and event.attempt == self.attempt:
+                    self.rec.store.update_job(self.job_id, queued_reason=None)
+                    await self._start_attempt()
 
     # -------------------------------------------------------------- transitions
 
@@ -273,6 +294,9 @@ class Master:
         try:
             self.gpus.assign()
         except NotEnoughGpus as exc:
+            if self.spec.queue.wait_for_capacity:
+                await self._wait_for_capacity(f"not enough GPUs: {exc}", str(exc))
+                return
             await self._finish(
                 JobState.FAILED, "not enough GPUs", error_code="CAPACITY", error_message=str(exc)
             )
@@ -399,7 +423,7 @@ class Master:
                 loop = asyncio.get_running_loop()
                 self._exit_hang_timer = loop.call_later(interval, self.post, hang)
         else:
-            decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+            decision = self._decide(failure)
             self.ledger.decided_s = self.clock()
             if isinstance(decision, RestartJob | FailJob):
                 failure, decision = await self._take_root_cause(failure, decision)
@@ -420,7 +444,16 @@ class Master:
         root, _ = root_cause(self._attempt_failures)
         if root is trigger:
             return trigger, decision
-        return root, decide_failure(self.ft, self.ledger.budgets, root, len(self.replicas))
+        return root, self._decide(root)
+
+    def _decide(self, failure: Failure) -> Decision:
+        return decide_failure(
+            self.ft,
+            self.ledger.budgets,
+            failure,
+            len(self.replicas),
+            wait_for_capacity=self.spec.queue.wait_for_capacity,
+        )
 
     def _record_failure(self, root: Failure, decision: Decision) -> None:
         self.ledger.failure(root, self._attempt_failures, decision)
@@ -473,6 +506,10 @@ class Master:
             case RestartReplica():
                 assert failure is not None
                 await self._restart_replica(decision, failure, seen_s)
+            case WaitForCapacity():
+                assert failure is not None
+                self.ledger.restart(decision, failure, seen_s)
+                await self._wait_for_capacity(decision.reason, failure.classification.message)
 
     def _cancel_exit_hang(self) -> None:
         if self._exit_hang_timer is not None:
@@ -509,6 +546,28 @@ class Master:
         await self._start_attempt()
         t2 = self._pending.start_begin_s
         self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=(t2 - t1) * 1000)
+
+    async def _wait_for_capacity(self, reason: str, message: str) -> None:
+        """Stop everything and try again in `capacity_retry_s`, until `max_wait_s`."""
+        queue, now = self.spec.queue, self.clock()
+        # One wait runs over consecutive attempts that each ended waiting for capacity.
+        if self._capacity_since is None or self._capacity_attempt < self.attempt - 1:
+            self._capacity_since = now
+        self._capacity_attempt = self.attempt
+        waited = now - self._capacity_since
+        if queue.max_wait_s is not None and waited >= queue.max_wait_s:
+            why = f"waited {waited:.0f} s for capacity, max_wait_s is {queue.max_wait_s:g}"
+            await self._finish(JobState.EXPIRED, why, error_code="EXPIRED", error_message=message)
+            return
+        self.hangs.disarm()
+        note = f"waiting for capacity, next try in {queue.capacity_retry_s:g} s: {reason}"
+        self._transition(JobState.RESTARTING, note, queued_reason=note)
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
+        if self.attempt >= 0:
+            self.rec.attempt_ended(self.attempt, self.clock(), "waiting for capacity", message)
+        loop = asyncio.get_running_loop()
+        loop.call_later(queue.capacity_retry_s, self.post, CapacityRetry(self.attempt))
 
     async def _restart_replica(
         self, decision: RestartReplica, failure: Failure, seen_s: float
@@ -561,7 +620,7 @@ class Master:
         who = diag.culprit or ev.replica or self.primary
         c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
         failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c)
-        decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+        decision = self._decide(failure)
         self.ledger.decided_s = self.clock()
         self._attempt_failures = [failure]
         self._record_failure(failure, decision)
@@ -608,7 +667,7 @@ class Master:
             time_s=self.clock(),
             classification=internal_failure(exc),
         )
-        decision = decide_failure(self.ft, self.ledger.budgets, failure, len(self.replicas))
+        decision = self._decide(failure)
         self.ledger.decided_s = self.clock()
         try:
             with contextlib.suppress(Exception):  # already failing; close() is the last resort

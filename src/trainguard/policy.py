@@ -9,7 +9,8 @@ The rules, in order, for a failure:
 2. more than `max_tolerated_failure_rate` of the replicas have failed -> FailJob;
 3. the same error (fingerprint) on this replica more than `max_num_of_same_error`
    times -> FailJob;
-4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob;
+4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
+   (capacity with queue.wait_for_capacity -> WaitForCapacity);
 5. async mode and a `worker`: restart it alone while its `max_replica_restarts` last,
    then the whole job;
 6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
@@ -119,6 +120,13 @@ class FailJob:
 
 
 @dataclass(frozen=True)
+class WaitForCapacity:
+    """Stop, wait, and try again without charging a budget (queue.wait_for_capacity)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Succeed:
     reason: str
 
@@ -128,7 +136,7 @@ class Ignore:
     reason: str
 
 
-Decision = RestartJob | RestartReplica | FailJob | Succeed | Ignore
+Decision = RestartJob | RestartReplica | FailJob | WaitForCapacity | Succeed | Ignore
 
 
 def describe(decision: Decision) -> str:
@@ -195,13 +203,31 @@ def _job_restart(
 
 
 def decide_failure(
-    ft: FaultTolerance, b: Budgets, failure: Failure, world_size: int = 1
+    ft: FaultTolerance,
+    b: Budgets,
+    failure: Failure,
+    world_size: int = 1,
+    wait_for_capacity: bool = False,
 ) -> Decision:
-    """What to do about one replica's failure (the root cause, not its cascade)."""
+    """What to do about one replica's failure (the root cause, not its cascade).
+
+    With `wait_for_capacity`, a capacity failure whose budget is spent waits for capacity
+    (Vertex's flex-start) instead of failing the job.
+    """
     c = failure.classification
     retry, why = _is_retryable(ft, c)
     if not retry:
         return _fail(failure, why)
+
+    if wait_for_capacity and c.failure_class is FailureClass.CAPACITY:
+        limit_c = ft.max_capacity_restarts
+        used_c = b.class_restarts.get("max_capacity_restarts", 0)
+        if not limit_allows(limit_c, used_c):
+            # Waiting charges nothing, so neither the same-error nor the rate rule applies.
+            return WaitForCapacity(
+                f"{why}; max_capacity_restarts is spent ({used_c}/{limit_c}), "
+                "so the job waits for capacity"
+            )
 
     rate = ft.max_tolerated_failure_rate
     failed = len(b.failed_replicas | {failure.replica})

@@ -172,6 +172,8 @@ class QueuePolicy(_Model):
     # A request larger than the whole quota, or a capacity failure at start, waits for
     # capacity instead of failing the job (Vertex's flex-start idea).
     wait_for_capacity: bool = False
+    # While waiting for capacity, the master tries a new attempt this often.
+    capacity_retry_s: float = Field(default=30.0, gt=0, le=3600)
 
     @model_validator(mode="before")
     @classmethod
