@@ -80,3 +80,19 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
     text = tg("goodput", "sdk_train").stdout
     assert "productive" in text and "advice: checkpoint every" in text
     assert json.loads(json.dumps(g)) == g
+
+
+def test_time_in_the_servers_queue_is_queueing() -> None:
+    from trainguard.goodput import goodput
+
+    job = {"created_at_s": 0.0, "ended_at_s": 10.0}
+    moves = [
+        {"to_state": "QUEUED", "at_s": 0.0},
+        {"to_state": "PENDING", "at_s": 3.0},
+        {"to_state": "RUNNING", "at_s": 3.5},
+        {"to_state": "QUEUED", "at_s": 5.0},  # requeued to resume
+        {"to_state": "PENDING", "at_s": 6.0},
+        {"to_state": "SUCCEEDED", "at_s": 10.0},
+    ]
+    g = goodput(job, [], [], [], 10.0, moves)
+    assert g["badput"]["queueing_s"] == 4.0

@@ -9,7 +9,7 @@ redoing steps an earlier attempt had already reached. The rest is badput:
   hang waiting    the same for a hang or an exit hang: the whole wait for the detector
   restart         stop + schedule + start of the new attempt (restart record phases)
   work lost       steps redone after a restart (since the last checkpoint)
-  queueing        waiting for resources (no queue yet: 0)
+  queueing        waiting in the server's queue (QUEUED, from the transitions)
   other           what is left: the end of the job, time without reports, ...
 
 The advice is Young's interval, sqrt(2 x checkpoint cost x mean time between failures),
@@ -31,6 +31,7 @@ def goodput(
     restarts: Sequence[dict[str, Any]],
     steps: Sequence[dict[str, Any]],
     now_s: float,
+    transitions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     end = job["ended_at_s"] or now_s
     total = max(0.0, end - job["created_at_s"])
@@ -69,7 +70,7 @@ def goodput(
         "hang_waiting_s": hang_waiting,
         "restart_s": restart,
         "work_lost_s": lost,
-        "queueing_s": 0.0,
+        "queueing_s": _time_in(transitions, "QUEUED", end),
     }
     badput["other_s"] = max(0.0, total - productive - sum(badput.values()))
     costs = [s["commit_ms"] / 1000 for s in steps if s.get("commit_ms") is not None]
@@ -82,6 +83,15 @@ def goodput(
         "failures": len(restarts),
         "advice": _advice(costs, ckpt_times, total, len(restarts)),
     }
+
+
+def _time_in(transitions: Sequence[dict[str, Any]], state: str, end_s: float) -> float:
+    """Seconds spent in `state`, from each transition into it to the next transition."""
+    total = 0.0
+    for here, after in itertools.zip_longest(transitions, transitions[1:]):
+        if here["to_state"] == state:
+            total += max(0.0, (after["at_s"] if after else end_s) - here["at_s"])
+    return total
 
 
 def _advice(costs: list[float], times: list[float], total: float, failures: int) -> dict[str, Any]:

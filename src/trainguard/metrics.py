@@ -110,5 +110,6 @@ def _live_goodput(store: Store) -> Iterable[tuple[dict[str, Any], float]]:
             store.restarts_of(job["id"]),
             store.progress_of(job["id"]),
             now,
+            store.transitions_of(job["id"]),
         )
         yield job, float(g["goodput"])

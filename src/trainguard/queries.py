@@ -58,6 +58,7 @@ class StoreReader:
         job = self.store.resolve_job(ref)
         return [
             {
+                "id": r["id"],
                 "job_id": job["id"],
                 "attempt": r["attempt"],
                 "at_s": r["at_s"],
@@ -80,6 +81,7 @@ class StoreReader:
             self.store.restarts_of(job["id"]),
             steps,
             time.time(),
+            self.store.transitions_of(job["id"]),
         )
         return {**g, "job": job_summary(job), "has_progress": bool(steps)}
 
