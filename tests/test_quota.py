@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.quota import (
+    BEHIND,
     Admit,
     Expire,
     QueuedJob,
@@ -58,7 +59,7 @@ def test_admits_in_order_while_jobs_fit_then_waits_with_the_reason() -> None:
     assert out[0] == Admit("a")
     assert out[1] == Wait("b", "waiting for 4 gpus, 2 free")
     # FIFO: c would fit, but it does not jump ahead of b.
-    assert isinstance(out[2], Wait) and "behind b" in out[2].reason
+    assert out[2] == Wait("c", BEHIND)
 
 
 def test_priority_first_then_fifo() -> None:

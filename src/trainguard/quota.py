@@ -102,6 +102,8 @@ class Quota:
 
 NOTHING = Request()
 
+BEHIND = "queued behind earlier jobs (FIFO within priority)"
+
 
 @dataclass(frozen=True)
 class QueuedJob:
@@ -193,7 +195,8 @@ def plan(
             out.append(Wait(job.id, short or never))  # never blocks the jobs behind it
             continue
         if blocked_by is not None:
-            out.append(Wait(job.id, f"queued behind {blocked_by.id} (FIFO within priority)"))
+            # The same words while the head changes: a deep queue is not rewritten each pass.
+            out.append(Wait(job.id, BEHIND))
             continue
         if short is not None:
             out.append(Wait(job.id, f"waiting for {short}"))

@@ -73,6 +73,7 @@ class Service:
         self._children: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.masters_started = 0
+        self._specs: dict[tuple[str, str], JobSpec] = {}
 
     # -------------------------------------------------------------- operations
 
@@ -181,35 +182,53 @@ class Service:
             self._wake.clear()
 
     async def tick(self) -> None:
+        """One pass: the store work runs in a thread, so the API keeps answering."""
+        for admit in await asyncio.to_thread(self._plan_pass):
+            await self._admit(admit)
+
+    def _plan_pass(self) -> list[Admit]:
         reap_interrupted(self.store)
         self._auto_resume()
         used, busy_ids = self._holding()
-        queue = [self._queued(j) for j in self.store.jobs_in([JobState.QUEUED.value], ORIGIN)]
-        if not queue:
-            return
-        now = self.clock()
-        for decision in plan(queue, used, self.quota, now, busy_ids):
+        rows = {j["id"]: j for j in self.store.jobs_in([JobState.QUEUED.value], ORIGIN)}
+        if not rows:
+            return []
+        queue = [self._queued(j) for j in rows.values()]
+        admits: list[Admit] = []
+        for decision in plan(queue, used, self.quota, self.clock(), busy_ids):
             match decision:
                 case Admit():
-                    await self._admit(decision)
+                    admits.append(decision)
                 case Wait():
-                    self._note_wait(decision)
+                    if rows[decision.job_id]["queued_reason"] != decision.reason:
+                        self.store.update_job(decision.job_id, queued_reason=decision.reason)
                 case Expire():
                     self._end_queued(decision.job_id, JobState.EXPIRED, "EXPIRED", decision.reason)
                 case Reject():
                     self._end_queued(decision.job_id, JobState.FAILED, "QUOTA", decision.reason)
+        return admits
+
+    def _parsed(self, job: dict[str, Any]) -> JobSpec:
+        """A job's spec, parsed once per version of its text (it is read on every pass)."""
+        key = (job["id"], job["spec_json"])
+        spec = self._specs.get(key)
+        if spec is None:
+            if len(self._specs) > 10_000:
+                self._specs.clear()
+            spec = self._specs[key] = _spec_of(job)
+        return spec
 
     def _holding(self) -> tuple[Request, list[int]]:
         used, ids = NOTHING, []
         for job in self.store.jobs_in(HOLDING, ORIGIN):
-            spec = _spec_of(job)
+            spec = self._parsed(job)
             used = used + request_of(spec)
             if self.quota.gpu_ids is not None and spec.gpu_inventory:
                 ids.extend(spec.gpu_inventory)
         return used, ids
 
     def _queued(self, job: dict[str, Any]) -> QueuedJob:
-        spec = _spec_of(job)
+        spec = self._parsed(job)
         return QueuedJob(
             id=job["id"],
             request=request_of(spec),
@@ -227,11 +246,6 @@ class Service:
                 continue
             if self._requeue(job, AUTO_RESUME):
                 self.say(f"job {job['id']}: its master was lost; queued to resume")
-
-    def _note_wait(self, decision: Wait) -> None:
-        job = self.store.job(decision.job_id)
-        if job["queued_reason"] != decision.reason:
-            self.store.update_job(decision.job_id, queued_reason=decision.reason)
 
     def _end_queued(self, job_id: str, state: JobState, code: str, reason: str) -> None:
         now = self.clock()
