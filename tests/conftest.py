@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres import postgres_url  # noqa: F401 (a session fixture for every test file)
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(ROOT / "tests" / "bins" / "child.py")

@@ -332,7 +332,7 @@ def _patterns(body: _Body) -> list[str]:
 
 
 MAX_METRICS = 100
-_CHECKPOINT_NAME = re.compile(r"^checkpoint_\d{6,}$")
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_\d{6,20}$")
 
 
 def _metrics(body: _Body) -> dict[str, object]:

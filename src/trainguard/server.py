@@ -20,6 +20,7 @@ from trainguard.store import Store
 def serve(config: ServerConfig, home: Path | None) -> int:
     """Run until SIGINT/SIGTERM. The masters of running jobs outlive the server."""
     store = Store(home, config.db)
+    store.home.mkdir(parents=True, exist_ok=True)  # logs live here whatever the database
     service = Service(store, config)
     return asyncio.run(_serve(service, config))
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Connection,
@@ -28,13 +30,15 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    func,
     insert,
     inspect,
     select,
     text,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from trainguard.errors import JobNotFound, StoreError
 
@@ -54,12 +58,18 @@ jobs = Table(
     Column("error_message", Text),
     Column("master_pid", Integer),
     Column("master_host", String(255)),
-    Column("master_started_ticks", Integer),  # /proc start time: tells a reused pid apart
+    # /proc start time: tells a reused pid apart (ticks since boot pass 2**31 in 248 days)
+    Column("master_started_ticks", BigInteger),
     Column("log_dir", Text, nullable=False),
     Column("cwd", Text),  # where its replicas run, for `trainguard resume`
-    Column("last_step", Integer),  # progress, from sdk.report
+    Column("last_step", BigInteger),  # progress, from sdk.report
     Column("last_metrics_json", Text),
     Column("last_progress_s", Float),
+    # Server jobs (`trainguard submit`): who owns the job, and where it stands in the queue.
+    Column("origin", String(16)),  # "server" for a submitted job; null for `trainguard run`
+    Column("priority", Integer),
+    Column("queued_reason", Text),
+    Column("queued_at_s", Float),  # when it (last) entered the queue: FIFO order and max wait
 )
 
 attempts = Table(
@@ -161,7 +171,7 @@ progress = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
     Column("attempt", Integer, nullable=False),
-    Column("step", Integer, nullable=False),
+    Column("step", BigInteger, nullable=False),
     Column("at_s", Float, nullable=False),
     Column("checkpoint", String(32)),  # a checkpoint committed at this step, if any
     Column("commit_ms", Float),
@@ -174,7 +184,7 @@ events = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
     Column("at_s", Float, nullable=False),
-    Column("replica", String(64)),
+    Column("replica", String(128)),  # as named by the SDK (sdk_server.MAX_REPLICA_CHARS)
     Column("kind", String(32), nullable=False),
     Column("text", Text),
 )
@@ -215,6 +225,73 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+CONNECT_TIMEOUT_S = 10
+"""How long reaching a database server may take: a command must not hang on a dead host."""
+
+_SCHEMA_LOCK = 0x7472_6169_6E67_7561  # "traingua": the advisory lock that schema creation holds
+
+
+def _engine(url: str) -> Engine:
+    """SQLite with its pragmas; a server database with a connect timeout, and pooled
+    connections checked before use (the server may have restarted) and never shared
+    with a forked child."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(parsed)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if (
+        parsed.get_driver_name() in ("psycopg", "psycopg2")
+        and "connect_timeout" not in parsed.query
+    ):
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    if parsed.get_backend_name() == "postgresql":
+        event.listen(engine, "before_cursor_execute", _no_nul, retval=True)
+    _SERVER_ENGINES.add(engine)
+    return engine
+
+
+_SERVER_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _forget_pools_in_child() -> None:
+    """A forked child (a master the server starts) opens its own connections: two processes
+    on one socket would garble each other's conversation with the server."""
+    for engine in list(_SERVER_ENGINES):
+        engine.dispose(close=False)  # the parent's connections stay open, for the parent
+
+
+os.register_at_fork(after_in_child=_forget_pools_in_child)
+
+
+def _no_nul(
+    _conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, many: bool
+) -> tuple[str, Any]:
+    """PostgreSQL text cannot hold NUL, which a replica's output may: it becomes U+FFFD."""
+
+    def clean(row: Any) -> Any:
+        if not isinstance(row, dict):
+            return row
+        return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
+
+    return statement, [clean(r) for r in params] if many else clean(params)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The driver's own words on one line, without SQLAlchemy's echo of the statement."""
+    return " ".join(str(getattr(exc, "orig", None) or exc).split())
+
+
+def _shown(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 class Store:
     """Rows in, rows out. Every method is one short transaction."""
 
@@ -224,25 +301,30 @@ class Store:
             if url is None:
                 self.home.mkdir(parents=True, exist_ok=True)
                 url = f"sqlite:///{self.home / 'trainguard.db'}"
-            self.engine: Engine = create_engine(url)
+            self.engine: Engine = _engine(url)
             if self.engine.dialect.name == "sqlite":
-                event.listen(self.engine, "connect", _sqlite_pragmas)
                 # Two commands opening a new store at once must not both create tables.
+                self.home.mkdir(parents=True, exist_ok=True)  # holds the lock, whatever the URL
                 with open(self.home / "trainguard.lock", "a") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
                     self._create_schema()
             else:
                 self._create_schema()
-        except (OSError, SQLAlchemyError) as exc:
+        except (OSError, ImportError, SQLAlchemyError) as exc:  # ImportError: no driver
+            where = _shown(url) if url else self.home
             raise StoreError(
-                f"cannot open the trainguard store at {url or self.home}: {exc}"
+                f"cannot open the trainguard store at {where}: {_one_line(exc)}"
             ) from None
 
     def _create_schema(self) -> None:
         """Create missing tables, and add columns that a newer trainguard defines (all nullable)."""
-        metadata.create_all(self.engine)
-        found = inspect(self.engine)
         with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # Two commands opening a new store at once must not both create tables. The
+                # lock lasts until this transaction ends; PostgreSQL's DDL is transactional.
+                conn.execute(select(func.pg_advisory_xact_lock(_SCHEMA_LOCK)))
+            metadata.create_all(conn)
+            found = inspect(conn)
             for table in metadata.sorted_tables:
                 have = {c["name"] for c in found.get_columns(table.name)}
                 for col in table.columns:
@@ -258,7 +340,8 @@ class Store:
             with self.engine.begin() as conn:
                 yield conn
         except SQLAlchemyError as exc:
-            raise StoreError(f"trainguard store error: {exc.__class__.__name__}: {exc}") from None
+            kind = type(getattr(exc, "orig", None) or exc).__name__
+            raise StoreError(f"trainguard store error: {kind}: {_one_line(exc)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -305,7 +388,13 @@ class Store:
             )
 
     def set_state_if(
-        self, job_id: str, expected: str, state: str, at_s: float, **values: Any
+        self,
+        job_id: str,
+        expected: str,
+        state: str,
+        at_s: float,
+        reason: str | None = None,
+        **values: Any,
     ) -> bool:
         """Move a job from `expected` to `state` unless someone else moved it first."""
         with self._tx() as conn:
@@ -322,7 +411,7 @@ class Store:
                     from_state=expected,
                     to_state=state,
                     at_s=at_s,
-                    reason=values.get("error_message"),
+                    reason=reason or values.get("error_message"),
                 )
             )
             return True
@@ -355,6 +444,22 @@ class Store:
 
         live = [s.value for s in JobState if not s.is_terminal]
         return self._rows(select(jobs).where(jobs.c.state.in_(live)))
+
+    def jobs_in(self, states: list[str], origin: str | None = None) -> list[dict[str, Any]]:
+        """Jobs in these states (of one origin, e.g. the server's), oldest first."""
+        stmt = select(jobs).where(jobs.c.state.in_(states))
+        if origin is not None:
+            stmt = stmt.where(jobs.c.origin == origin)
+        return self._rows(stmt.order_by(jobs.c.created_at_s))
+
+    def count_transitions(self, job_id: str, reason: str) -> int:
+        return len(
+            self._rows(
+                select(transitions.c.id).where(
+                    transitions.c.job_id == job_id, transitions.c.reason == reason
+                )
+            )
+        )
 
     def resolve_job(self, ref: str) -> dict[str, Any]:
         """A job by id, or by name (the most recent job of that name)."""
