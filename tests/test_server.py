@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import TG, alive, child, wait_for
 
 from trainguard.states import JobState
@@ -304,3 +305,33 @@ def test_submit_without_a_server_says_how_to_get_one(tg: TG, tmp_path: Path) -> 
     res = tg("jobs", "--server", "http://127.0.0.1:9")
     assert res.returncode != 0 and "cannot reach the trainguard server" in res.stderr
     assert time.time() > 0
+
+
+@pytest.mark.slow
+def test_gpu_ids_from_the_quota_are_handed_out_per_job(server_factory: Any, tmp_path: Path) -> None:
+    srv = server_factory("--cpus", "4", "--gpus", "0,1,2")
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "gpu-job",
+                "worker_pools": [
+                    {
+                        "replicas": 1,
+                        "resources": {"gpus": 1},
+                        "command": child("*:env:CUDA_VISIBLE_DEVICES", "*:sleep:2"),
+                    }
+                ],
+            }
+        )
+    )
+    ids = [srv.submit("-f", str(spec)) for _ in range(4)]
+    wait_for(lambda: srv.state(ids[2]) == "RUNNING", 30, "three jobs on three GPUs")
+    assert srv.json("status", ids[3])["queued_reason"] == "waiting for 1 gpus, 0 free"
+    seen = []
+    for job_id in ids:
+        assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
+        seen.append(srv.cli("logs", job_id).stdout.strip())
+    visible = [line.split("=", 1)[1] for line in seen]
+    assert sorted(visible[:3]) == ["0", "1", "2"]  # each running job had its own GPU
+    assert visible[3] in ("0", "1", "2")
