@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from trainguard.backends.base import BackendEvent, Launch, ReplicaExited, Replic
 from trainguard.classify import INTERNAL_ERROR_MESSAGE, ExitEvidence
 from trainguard.master import CancelRequested, Master
 from trainguard.recorder import Recorder
+from trainguard.snapshot import snapshot_all
 from trainguard.spec import validate_spec
 from trainguard.states import JobState
 from trainguard.store import Store
@@ -58,6 +60,12 @@ class FakeBackend:
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         return ()
+
+    async def snapshot(self, targets: Any, timeout_s: float, files: Any) -> list[Any]:
+        return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
+
+    def isolate_after(self, replica: str, c: Any) -> None:
+        return None
 
     def last_output_s(self) -> float:
         return 0.0

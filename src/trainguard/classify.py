@@ -34,6 +34,7 @@ class ExitKind(StrEnum):
     SIGNAL = "signal"
     NONZERO = "nonzero"
     SPAWN_ERROR = "spawn_error"  # the command could not be started at all
+    NODE_LOST = "node_lost"  # the machine under it went away: no exit status at all
 
 
 class FailureClass(StrEnum):
@@ -47,6 +48,7 @@ class FailureClass(StrEnum):
     HANG = "hang"
     EXIT_HANG = "exit_hang"
     INTERNAL = "internal"
+    NODE_LOST = "node_lost"
 
 
 TRANSIENT_SIGNALS: frozenset[int] = frozenset({signal.SIGABRT, signal.SIGSEGV})
@@ -68,6 +70,7 @@ class ExitEvidence:
     spawn_error: str | None = None
     log_tail: tuple[str, ...] = ()
     oom_kills: int = 0  # new kernel OOM kills seen in our cgroup while it ran
+    node_lost: str | None = None  # the node under it died: what the backend was told
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,23 @@ def find_evidence(lines: tuple[str, ...], rules: Rules) -> tuple[Signature, str]
 
 def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """Classify one exit from its evidence alone."""
+    if ev.node_lost is not None and not ev.stop_requested:
+        return Classification(
+            ExitKind.NODE_LOST,
+            FailureClass.NODE_LOST,
+            True,
+            "node-lost",
+            None,
+            None,
+            ev.node_lost,
+            f"The node hosting replica {ev.replica} was lost: {ev.node_lost}.",
+            fingerprint=fingerprint(f"node-lost:{ev.replica}"),
+            hardware=False,  # the node, not a device: the backend excludes it
+        )
+    if ev.node_lost is not None:
+        return Classification(
+            ExitKind.STOP_REQUESTED, None, False, "stop-requested", None, None, "stopped", ""
+        )
     if ev.returncode is None:
         why = ev.spawn_error or "the command could not be started"
         return Classification(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,16 +47,28 @@ def _where(report: StackReport, replica: str | None) -> str:
     return ""
 
 
+Snapshotter = Callable[
+    [Sequence[tuple[str, int, int]], float, Mapping[str, Path]],
+    Awaitable[list[ReplicaSnapshot]],
+]
+"""Takes the stacks where the replicas run: the backend's `snapshot`."""
+
+
+async def _local(
+    targets: Sequence[tuple[str, int, int]], timeout_s: float, files: Mapping[str, Path]
+) -> list[ReplicaSnapshot]:
+    return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
+
+
 async def diagnose(
     targets: Sequence[tuple[str, int, int]],
     beats: Mapping[str, Sequence[tuple[int, float]]],
     faulthandler_files: Mapping[str, Path],
     clock: Callable[[], float] = time.time,
+    snapshotter: Snapshotter = _local,
 ) -> Diagnosis:
     t0 = time.monotonic()
-    snaps = await snapshot_all(
-        targets, timeout_s=SNAPSHOT_TIMEOUT_S, faulthandler_files=faulthandler_files
-    )
+    snaps = await snapshotter(targets, SNAPSHOT_TIMEOUT_S, faulthandler_files)
     progress = straggler_report(beats, clock())
     for snap in snaps:
         if snap.tool.endswith("(process stopped)"):

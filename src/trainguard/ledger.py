@@ -22,6 +22,8 @@ def error_source(c: Classification) -> str:
         return "exit_hang_detector"
     if c.failure_class is FailureClass.INTERNAL:
         return "internal"
+    if c.failure_class is FailureClass.NODE_LOST:
+        return "backend"
     if c.matched_line is not None:
         return "log"
     return "exit_code"
@@ -39,13 +41,17 @@ class Ledger:
         self._cascade: list[str] = []
         self._isolation: str | None = None
         self.injected: dict[str, str] = {}  # replica -> the injection it got this attempt
+        # The backend's say on what a failure takes out of the next attempt (a lost node).
+        self.isolate_node: Callable[[str, Classification], str | None] = lambda _r, _c: None
 
     def failure(self, root: Failure, others: Sequence[Failure], decision: Decision) -> None:
         """Charge the budgets; write the root cause and each failure of its cascade."""
         self.budgets = self.budgets.after(root, decision)
         c = root.classification
         hang = c.failure_class is FailureClass.HANG
-        self._isolation = self.gpus.isolate_after(root.replica, c.hardware, c.rule, hang)
+        self._isolation = self.gpus.isolate_after(
+            root.replica, c.hardware, c.rule, hang
+        ) or self.isolate_node(root.replica, c)
         if self._isolation:
             self.say(self._isolation)
         self.rec.failure(root, root_cause=True, decision=describe(decision))

@@ -174,6 +174,7 @@ class Master:
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
         self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
         self.ledger = Ledger(recorder, self.gpus, say)
+        self.ledger.isolate_node = backend.isolate_after
         if resume_after is not None:
             self.attempt = resume_after[0] - 1
             self.ledger.restarts = resume_after[1]
@@ -608,7 +609,7 @@ class Master:
             if n in self.inbox.faulthandler
         }
         targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
-        diag = await diagnose(targets, self.hangs.beats(), files, self.clock)
+        diag = await diagnose(targets, self.hangs.beats(), files, self.clock, self.backend.snapshot)
         self.ledger.snapshot_id = diag.record(self.rec, self.attempt, detected_s, ev.kind)
         self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
         if ev.kind == "hang" and self.hangs.last_activity() > detected_s:

@@ -155,6 +155,7 @@ _CLASS_BUDGET: dict[FailureClass, str] = {
     FailureClass.TRANSIENT_EXIT: "max_transient_restarts",
     FailureClass.CAPACITY: "max_capacity_restarts",
     FailureClass.INTERNAL: "max_internal_restarts",
+    FailureClass.NODE_LOST: "max_node_lost_restarts",
 }
 
 # Roles that restart alone in async mode; any other role restarts the whole job.
@@ -164,6 +165,8 @@ _ASYNC_ALONE_ROLES = frozenset({"worker"})
 def error_code(c: Classification) -> str:
     if c.failure_class is FailureClass.INTERNAL:
         return "INTERNAL"
+    if c.failure_class is FailureClass.NODE_LOST:
+        return "NODE_LOST"
     if c.failure_class in (FailureClass.HANG, FailureClass.EXIT_HANG):
         return c.failure_class.value.upper()
     if c.exit_code is None:

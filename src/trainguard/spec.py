@@ -130,6 +130,7 @@ class FaultTolerance(_Model):
     max_transient_restarts: Limit = 3
     max_capacity_restarts: Limit = 3
     max_internal_restarts: Limit = 2
+    max_node_lost_restarts: Limit = 3  # a node under the job died (Ray backend)
     stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
     # The job's own retryable errors: regexes (or plain keywords) searched in the log
     # tail of a failed replica, before the built-in catalogue.

@@ -6,12 +6,13 @@ The master never touches a process directly; everything it learns arrives as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from trainguard.classify import ExitEvidence
+from trainguard.classify import Classification, ExitEvidence
+from trainguard.stacks import ReplicaSnapshot
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ReplicaStarted:
     restart: int
     pid: int
     time_s: float
+    node: str | None = None  # where it runs, when that is not this machine
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,18 @@ class Backend(Protocol):
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         """The last lines the current run of `replica` printed."""
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        """Every (replica, rank, pid)'s stacks, taken where it runs, within `timeout_s`."""
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        """Keep what `replica`'s failure points at (a lost node) out of later attempts;
+        returns what was isolated and why, for the restart record."""
 
     async def close(self) -> None:
         """Stop everything still running and release resources."""

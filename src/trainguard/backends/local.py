@@ -14,8 +14,9 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 from trainguard.backends._guardian import Guardian
 from trainguard.backends.base import (
@@ -25,9 +26,11 @@ from trainguard.backends.base import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
-from trainguard.classify import ExitEvidence
-from trainguard.logtail import MAX_LINE, Tail
+from trainguard.backends.output import RunOutput
+from trainguard.classify import Classification, ExitEvidence
 from trainguard.oom import oom_kill_count
+from trainguard.snapshot import snapshot_all
+from trainguard.stacks import ReplicaSnapshot
 
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 
@@ -66,17 +69,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class _Run:
-    """One run of one replica: its process, its log file, its output tail."""
+    """One run of one replica: its process and its output."""
 
-    def __init__(self, launch: Launch, log: BinaryIO) -> None:
+    def __init__(
+        self, launch: Launch, tee: TextIO | None, on_output: Callable[[_Run, bool], None]
+    ) -> None:
         self.launch = launch
-        self.log = log
+        self.output = RunOutput(
+            launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
+        )
         self.pid = 0
         self.transport: asyncio.SubprocessTransport | None = None
-        self.tail = Tail()
-        self.partial = b""
         self.stop_requested = False
-        self.first_output = False
         self.oom_before = oom_kill_count()
         self.eof = asyncio.Event()
         self.exited = asyncio.Event()
@@ -89,7 +93,7 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.run = run
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self.backend._on_output(self.run, data)
+        self.run.output.feed(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self.backend._on_output_end(self.run)
@@ -128,9 +132,7 @@ class LocalBackend:
             await self._spawn(loop, launch)
 
     async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115 - closed when the run ends
-        run = _Run(launch, log)
+        run = _Run(launch, self._tee, self._on_output)
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: _Protocol(self, run),
@@ -144,7 +146,7 @@ class LocalBackend:
                 preexec_fn=_child_setup(os.getpid()),
             )
         except OSError as exc:
-            log.close()
+            run.output.close()
             self._emit(self._spawn_failed(launch, exc))
             return
         run.transport = transport
@@ -174,44 +176,21 @@ class LocalBackend:
 
     # -------------------------------------------------------------- output
 
-    def _on_output(self, run: _Run, data: bytes) -> None:
+    def _on_output(self, run: _Run, first: bool) -> None:
         self._last_output_s = time.time()
-        run.log.write(data)
-        if not run.first_output:
-            run.first_output = True
+        if first:
             launch = run.launch
             self._emit(
                 ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time())
             )
-        lines = (run.partial + data).split(b"\n")
-        run.partial = lines.pop()
-        if len(run.partial) > MAX_LINE:
-            lines.append(run.partial)
-            run.partial = b""
-        self._take_lines(run, lines)
-
-    def _take_lines(self, run: _Run, lines: list[bytes]) -> None:
-        name = run.launch.replica
-        out: list[str] = []
-        for raw in lines:
-            text = raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
-            run.tail.append(text)
-            if self._tee is not None:
-                out.append(f"[{name}]: {text}\n")
-        if out and self._tee is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._tee.write("".join(out))
-                self._tee.flush()
 
     def _on_output_end(self, run: _Run) -> None:
-        if run.partial:
-            self._take_lines(run, [run.partial])
-            run.partial = b""
+        run.output.end()
         run.eof.set()
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         run = self._runs.get(replica)
-        return run.tail.lines() if run else ()
+        return run.output.tail.lines() if run else ()
 
     # -------------------------------------------------------------- exit
 
@@ -227,7 +206,7 @@ class LocalBackend:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.eof.wait(), _DRAIN_S)
         run.transport.close()
-        run.log.close()
+        run.output.close()
         launch = run.launch
         if self._runs.get(launch.replica) is run:
             del self._runs[launch.replica]
@@ -235,7 +214,7 @@ class LocalBackend:
             replica=launch.replica,
             returncode=returncode,
             stop_requested=run.stop_requested,
-            log_tail=run.tail.lines(),
+            log_tail=run.output.tail.lines(),
             oom_kills=max(0, oom_kill_count() - run.oom_before),
         )
         run.done.set()
@@ -267,6 +246,19 @@ class LocalBackend:
                 if not run.done.is_set():
                     self._killpg(run, signal.SIGKILL)
             await asyncio.wait(pending)
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        return await snapshot_all(
+            targets, timeout_s=timeout_s, faulthandler_files=faulthandler_files
+        )
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        return None  # one machine: GPU isolation is the GpuPool's
 
     async def close(self) -> None:
         await self.stop(list(self._runs), grace_s=5.0)
