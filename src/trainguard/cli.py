@@ -94,6 +94,9 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     for field, flag in _FT_FLAGS.items():
         p.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
     p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+    p.add_argument("--backend", help="backend: local (default) or ray")
+    p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")
+    p.add_argument("--placement-strategy", help="ray.placement_strategy: spread or pack")
     p.add_argument("--priority", help="queue.priority: higher runs first (server queue)")
     p.add_argument("--max-wait", dest="max_wait_s", help="queue.max_wait_s: then EXPIRED")
     p.add_argument(
@@ -275,6 +278,16 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
         data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
+    ray: dict[str, Any] = dict(data.get("ray") or {})
+    for key, dest in (("address", "ray_address"), ("placement_strategy", "placement_strategy")):
+        if getattr(args, dest) is not None:
+            ray[key] = getattr(args, dest)
+    if ray:
+        data["ray"] = ray
+    if args.backend is not None:
+        data["backend"] = args.backend
+    elif args.ray_address is not None:
+        data["backend"] = "ray"  # --ray-address alone says where
     queue: dict[str, Any] = dict(data.get("queue") or {})
     for key in ("priority", "max_wait_s", "wait_for_capacity"):
         if getattr(args, key) is not None:
@@ -296,6 +309,7 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
     flags["gpu_inventory"] = "--gpus"
     flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
+    flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})
     field = line.split(":", 1)[0]
     if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
         return f"{line} (from --inject)"

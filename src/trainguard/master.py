@@ -20,6 +20,7 @@ from pathlib import Path
 from trainguard.backends.base import (
     Backend,
     Launch,
+    NoCapacity,
     ReplicaExited,
     ReplicaFirstOutput,
     ReplicaStarted,
@@ -302,13 +303,22 @@ class Master:
                 JobState.FAILED, "not enough GPUs", error_code="CAPACITY", error_message=str(exc)
             )
             return
+        try:
+            self._rendezvous = await self.backend.rendezvous()
+        except NoCapacity as exc:
+            if self.spec.queue.wait_for_capacity:
+                await self._wait_for_capacity(str(exc), str(exc))
+                return
+            await self._finish(
+                JobState.FAILED, str(exc), error_code="CAPACITY", error_message=str(exc)
+            )
+            return
         self._cancel_exit_hang()
         self.hangs.disarm()
         self.faults.disarm()
         self.ledger.injected = {}
         self.attempt += 1
         self.keeper.new_attempt(self.attempt)
-        self._rendezvous = await self.backend.rendezvous()
         addr, port = self._rendezvous
         self.rec.attempt_started(self.attempt, self.clock(), addr, port)
         self.outcome.attempts = self.attempt + 1
@@ -341,6 +351,7 @@ class Master:
             pid=ev.pid,
             log_path=log_path,
             at_s=ev.time_s,
+            node=ev.node,
         )
         if rep is None:
             return

@@ -107,6 +107,7 @@ class Recorder:
         pid: int | None,
         log_path: Path,
         at_s: float,
+        node: str | None = None,
     ) -> int:
         return self.store.insert(
             replica_runs,
@@ -116,7 +117,7 @@ class Recorder:
             rank=rank,
             restart=restart,
             pid=pid,
-            node=NODE,
+            node=node or NODE,
             state=ReplicaState.RUNNING.value,
             started_at_s=at_s,
             log_path=str(log_path),

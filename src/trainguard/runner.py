@@ -13,9 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
 from trainguard.control import check_resumable
 from trainguard.errors import ResumeError
+from trainguard.layout import plan_replicas
 from trainguard.liveness import master_identity, reap_interrupted
 from trainguard.master import Master, Outcome
 from trainguard.notify import Notifier, NotifyRule
@@ -123,7 +125,7 @@ def _master_run(
     master = Master(
         job_id=job_id,
         spec=spec,
-        backend=LocalBackend(tee=tee),
+        backend=make_backend(spec, tee),
         recorder=recorder,
         log_dir=log_dir,
         cwd=cwd,
@@ -135,6 +137,17 @@ def _master_run(
     finally:
         if recorder.notifier is not None:
             recorder.notifier.close(timeout_s=5.0)
+
+
+def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
+    """The spec's backend: local processes, or actors on a Ray cluster."""
+    if spec.backend == "ray":
+        from trainguard.backends.ray import RayBackend
+
+        res = {pool.role: pool.resources for pool in spec.worker_pools}
+        needs = {p.name: res[p.role] for p in plan_replicas(spec)}
+        return RayBackend(needs, spec.ray, tee=tee)
+    return LocalBackend(tee=tee)
 
 
 def _server_rules() -> list[NotifyRule]:

@@ -90,6 +90,7 @@ class Resources(_Model):
     cpus: float | None = Field(default=None, gt=0)
     gpus: int = Field(default=0, ge=0)
     memory: str | None = None
+    custom: dict[str, float] = Field(default_factory=dict)  # Ray custom resources
 
     @model_validator(mode="after")
     def _check_memory(self) -> Resources:
@@ -185,6 +186,22 @@ class QueuePolicy(_Model):
         return data
 
 
+class RayOptions(_Model):
+    """Where and how a job's replicas are placed on a Ray cluster."""
+
+    address: str = "auto"  # `auto`, host:port of the GCS, or ray://host:10001
+    placement_strategy: Literal["spread", "pack"] = "spread"
+    placement_timeout_s: float = Field(default=60.0, gt=0)
+    driver_ip: str | None = None  # the master's own address in the cluster (tests: 127.0.0.1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lower(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("placement_strategy"), str):
+            data = {**data, "placement_strategy": data["placement_strategy"].lower()}
+        return data
+
+
 class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
     framework: Literal["pytorch", "generic"] = "pytorch"
@@ -197,6 +214,9 @@ class JobSpec(_Model):
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
     fault_injection: list[str] = Field(default_factory=list)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    # Where the replicas run: processes on this machine, or actors on a Ray cluster.
+    backend: Literal["local", "ray"] = "local"
+    ray: RayOptions = Field(default_factory=RayOptions)
     notifications: list[NotifyRule] = Field(default_factory=list)
 
     @field_validator("fault_injection")

@@ -47,6 +47,7 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
                 "restart": r["restart"],
                 "state": r["state"],
                 "pid": r["pid"],
+                "node": r["node"],
                 "exit_code": r["exit_code"],
                 "signal": r["signal"],
                 "failure_class": r["failure_class"],

@@ -15,6 +15,10 @@ from trainguard.classify import Classification, ExitEvidence
 from trainguard.stacks import ReplicaSnapshot
 
 
+class NoCapacity(Exception):
+    """The backend cannot place the attempt's replicas now (too few free resources)."""
+
+
 @dataclass(frozen=True)
 class Launch:
     """Everything needed to start one run of one replica."""
