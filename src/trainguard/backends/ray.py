@@ -198,7 +198,7 @@ class RayBackend:
         self._runs[launch.replica] = run
         self._emit(
             ReplicaStarted(
-                launch.attempt, launch.replica, launch.restart, run.pid, _now(), node=node["ip"]
+                launch.attempt, launch.replica, launch.restart, run.pid, _now(), node=_label(node)
             )
         )
         task = asyncio.create_task(self._pump(run))
@@ -234,7 +234,7 @@ class RayBackend:
             returncode=code,
             stop_requested=run.stop_requested,
             log_tail=run.output.tail.lines(),
-            node_lost=None if lost is None else f"{lost} (node {run.node['ip']})",
+            node_lost=None if lost is None else f"{lost} (node {_label(run.node)})",
         )
         run.done.set()
         self._emit(ReplicaExited(la.attempt, la.replica, la.restart, run.pid, ev, seen))
@@ -284,7 +284,7 @@ class RayBackend:
         node = self._nodes.get(replica)
         if node is None or node["node_id"] in self._excluded:
             return None
-        why = f"node {node['ip']} ({node['node_id'][:12]}) was lost under {replica}"
+        why = f"node {_label(node)} was lost under {replica}"
         self._excluded[node["node_id"]] = why
         return f"{why}: excluded from later attempts"
 
@@ -311,6 +311,11 @@ class RayBackend:
                 return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
 
         return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
+
+
+def _label(node: Mapping[str, str]) -> str:
+    """How a node is named in records: its address and the start of its Ray id."""
+    return f"{node['ip']}/{node['node_id'][:12]}"
 
 
 def _now() -> float:

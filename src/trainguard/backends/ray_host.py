@@ -29,6 +29,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _ray_gpu_ids() -> list[Any]:
+    """The GPUs Ray assigned to this actor (none outside a Ray worker)."""
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+    except Exception:
+        return []
+
+
 class ReplicaHost:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
@@ -53,10 +63,8 @@ class ReplicaHost:
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
         """Start the replica in its own process group; {"pid": N} or {"error": why}."""
-        import ray
-
         env = dict(env)
-        gpus = ray.get_gpu_ids()
+        gpus = _ray_gpu_ids()
         if gpus:  # what Ray gave this actor, not what the master's machine has
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         with self._cond:
