@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from postgres import postgres_url  # noqa: F401 (a session fixture for every test file)
+from raycluster import ray_cluster  # noqa: F401 (a module fixture: a 3-node Ray cluster)
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(ROOT / "tests" / "bins" / "child.py")

@@ -70,5 +70,6 @@ def test_a_lost_node_is_retryable_on_its_own_budget() -> None:
         "max_node_lost_restarts is spent"
         in decide_failure(FaultTolerance(), spent, failure, 3).reason
     )  # type: ignore[union-attr]
+    # A stop on its way when the node died does not make the loss the master's doing.
     stopped = classify_exit(ExitEvidence("worker-1", None, stop_requested=True, node_lost="x"))
-    assert stopped.failure_class is None  # the master stopped it: no charge
+    assert stopped.failure_class is FailureClass.NODE_LOST

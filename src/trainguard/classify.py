@@ -152,7 +152,8 @@ def find_evidence(lines: tuple[str, ...], rules: Rules) -> tuple[Signature, str]
 
 def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """Classify one exit from its evidence alone."""
-    if ev.node_lost is not None and not ev.stop_requested:
+    # A lost node is never the master's doing, even when a stop was on its way to it.
+    if ev.node_lost is not None:
         return Classification(
             ExitKind.NODE_LOST,
             FailureClass.NODE_LOST,
@@ -164,10 +165,6 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
             f"The node hosting replica {ev.replica} was lost: {ev.node_lost}.",
             fingerprint=fingerprint(f"node-lost:{ev.replica}"),
             hardware=False,  # the node, not a device: the backend excludes it
-        )
-    if ev.node_lost is not None:
-        return Classification(
-            ExitKind.STOP_REQUESTED, None, False, "stop-requested", None, None, "stopped", ""
         )
     if ev.returncode is None:
         why = ev.spawn_error or "the command could not be started"

@@ -2,7 +2,9 @@
 
 `ReplicaHost` is a plain class; the Ray backend turns it into an actor placed in the
 attempt's placement group. It imports nothing from Ray at module level, so it loads fast
-on a node and can be tested as an ordinary object.
+on a node and can be tested as an ordinary object. When the actor dies (ray.kill, its
+driver or its node gone), PR_SET_PDEATHSIG takes the replica and the same guardian as
+locally takes the rest of its process group.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from trainguard.backends._guardian import Guardian
 
 _PR_SET_PDEATHSIG = 1
 _CHUNK = 64 * 1024
@@ -41,6 +45,7 @@ def _ray_gpu_ids() -> list[Any]:
 
 class ReplicaHost:
     def __init__(self) -> None:
+        self._guardian: Guardian | None = None  # kills the replica's group if this actor dies
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = bytearray()
         self._eof = False
@@ -87,6 +92,9 @@ class ReplicaHost:
             return {"error": f"{where} not found on this node: {what!r}"}
         except OSError as exc:
             return {"error": f"cannot start {argv[0]!r}: {exc.strerror or exc}"}
+        if self._guardian is None:
+            self._guardian = Guardian()
+        self._guardian.watch(self._proc.pid)  # PDEATHSIG reaches only the direct child
         threading.Thread(target=self._pump, args=(self._proc,), daemon=True).start()
         return {"pid": self._proc.pid}
 
@@ -125,6 +133,8 @@ class ReplicaHost:
         except subprocess.TimeoutExpired:
             return b"", None  # it closed its output but still runs
         self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
+        if self._guardian is not None:
+            self._guardian.forget(proc.pid)
         return b"", code
 
     def signal(self, signum: int) -> bool:

@@ -1,0 +1,220 @@
+"""The Ray backend against a real 3-node Ray cluster on loopback (tests/raycluster.py)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT, TG, alive, child, wait_for
+from raycluster import DRIVER_ENV, LOOPBACK, RayCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
+DDP_ARGS = ("--steps", "60", "--ckpt-every", "10", "--step-time", "0.1")
+
+
+@pytest.fixture
+def rtg(tg: TG, ray_cluster: RayCluster) -> TG:
+    """The CLI as a driver of the test cluster (loopback only)."""
+    ray_cluster.heal()  # a node killed by an earlier test is replaced
+    tg.env.update(DRIVER_ENV)
+    return tg
+
+
+def spec(
+    tmp_path: Path,
+    cluster: RayCluster,
+    replicas: int,
+    command: list[str],
+    cpus: float = 1,
+    placement_timeout_s: float = 20,
+    **extra: Any,
+) -> str:
+    data = {
+        "name": extra.pop("name", "on-ray"),
+        "backend": "ray",
+        "ray": {
+            "address": cluster.address,
+            "driver_ip": LOOPBACK,
+            "placement_timeout_s": placement_timeout_s,
+        },
+        "worker_pools": [
+            {"replicas": replicas, "command": command, "resources": {"cpus": cpus}},
+        ],
+        **extra,
+    }
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def node_index(cluster: RayCluster, label: str) -> int:
+    """Which of the cluster's nodes a replica run's `node` ("ip/id-prefix") names."""
+    prefix = label.split("/", 1)[1]
+    return next(i for i, n in enumerate(cluster.all_nodes) if n.node_id.startswith(prefix))
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_ddp_across_nodes_survives_a_lost_node_with_the_same_weights(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    def ddp(out: Path, ckpt: Path) -> list[str]:
+        return [sys.executable, EXAMPLE, *DDP_ARGS, "--ckpt-dir", str(ckpt), "--out", str(out)]
+
+    # The same job without a fault, locally, for the reference weights. Two ranks: with
+    # three, DDP's first-step bucket rebuild after any resume changes gloo's summation
+    # order (a+b+c is not associative in floating point), locally as much as on Ray.
+    base = TG(tmp_path / "base-home")
+    res = base(
+        "run", "--quiet", "--nproc-per-node", "2", "--", *ddp(tmp_path / "base.pt", tmp_path / "bc")
+    )
+    assert res.returncode == 0, res.stderr
+
+    job = spec(tmp_path, ray_cluster, 2, ddp(tmp_path / "ray.pt", tmp_path / "ck"), name="ddp")
+    proc = rtg.start("run", "--quiet", "-f", job)
+    status = wait_for(
+        lambda: (s := _status(rtg)) and s["state"] == "RUNNING" and len(s["replicas"]) == 2 and s,
+        120,
+        "the job to run on the cluster",
+    )
+    nodes = {r["name"]: node_index(ray_cluster, r["node"]) for r in status["replicas"]}
+    assert len(set(nodes.values())) == 2  # SPREAD: one replica per node
+    wait_for(lambda: _step(rtg) >= 25, 120, "step 25")
+    victim = max(nodes.values())  # a worker node (node 0 is the head)
+    took = ray_cluster.kill_node(victim)
+    print(f"node {victim} declared dead {took:.2f} s after its raylet was killed")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    records = rtg.json("records", "ddp")
+    assert records[0]["failure_class"] == "node_lost", records
+    assert "excluded from later attempts" in (records[0]["isolated"] or "")
+    final = rtg.json("status", "ddp")
+    assert final["state"] == "SUCCEEDED"
+    survivors = {node_index(ray_cluster, r["node"]) for r in final["replicas"]}
+    assert victim not in survivors
+    assert _same_weights(tmp_path / "base.pt", tmp_path / "ray.pt")
+
+
+def _status(tg: TG) -> dict[str, Any] | None:
+    jobs = tg.json("jobs")
+    return tg.json("status", jobs[0]["id"]) if jobs else None
+
+
+def _step(tg: TG) -> int:
+    """The last step rank 0 printed ("step N loss ...")."""
+    text = tg("logs", "ddp", "--tail", "5").stdout
+    steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ")]
+    return max(steps, default=0)
+
+
+def test_a_bug_is_not_retried_on_ray(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    job = spec(tmp_path, ray_cluster, 2, child("1:sleep:0.5", "1:raise:KeyError", "0:sleep:30"))
+    res = rtg("run", "--quiet", "-f", job, timeout=120)
+    assert res.returncode == 1, res.stderr
+    status = rtg.only_job()
+    assert status["state"] == "FAILED" and status["attempts"] == 1
+    assert "KeyError" in status["error_message"]
+
+
+def test_cancel_leaves_no_replica_on_any_node(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    pids = tmp_path / "pid"
+    job = spec(tmp_path, ray_cluster, 3, child(f"*:pidfile:{pids}", "*:forever"))
+    proc = rtg.start("run", "--quiet", "-f", job)
+    wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(3)), 120, "3 replicas")
+    started = [int(Path(f"{pids}.{r}").read_text()) for r in range(3)]
+    assert all(alive(p) for p in started)
+    proc.send_signal(signal.SIGINT)  # Ctrl+C
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    wait_for(lambda: not any(alive(p) for p in started), 15, "every replica to be gone")
+    assert rtg.only_job()["state"] == "CANCELLED"
+
+
+def test_a_hang_is_snapshotted_on_the_replicas_node(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    job = spec(
+        tmp_path,
+        ray_cluster,
+        2,
+        child("*:print:start", "1@0:sleep:60", "0@0:sleep:60", "*:print:done"),
+        fault_tolerance={"job_hang_interval": 2},
+    )
+    res = rtg("run", "--quiet", "-f", job, timeout=120)
+    assert res.returncode == 0, res.stderr
+    stacks = rtg.json("stacks", "on-ray")
+    assert len(stacks) == 1
+    snaps = stacks[0]["snapshots"]
+    assert {s["replica"] for s in snaps} == {"worker-0", "worker-1"}
+    assert all(s["ok"] for s in snaps), snaps
+    assert any("child.py" in str(s) for s in snaps)
+
+
+def _a_worker_node(cluster: RayCluster) -> int:
+    return max(n["index"] for n in cluster.nodes())  # alive, and not the head (0)
+
+
+def _whole_cluster_job(tmp_path: Path, cluster: RayCluster, **extra: Any) -> str:
+    """3 replicas of 2 cpus: every cpu of the 3 nodes. Attempt 0 waits to be cut down."""
+    command = child("*:print:up", "*@0:forever", "*:print:done")
+    return spec(tmp_path, cluster, 3, command, cpus=2, placement_timeout_s=3, **extra)
+
+
+def test_too_few_nodes_left_fails_with_a_clear_message(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    proc = rtg.start("run", "--quiet", "-f", _whole_cluster_job(tmp_path, ray_cluster))
+    wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
+    ray_cluster.kill_node(_a_worker_node(ray_cluster))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    status = rtg.only_job()
+    assert status["state"] == "FAILED" and status["error_code"] == "CAPACITY"
+    assert "could not place 3 replica(s)" in status["error_message"]
+    assert "Traceback" not in err
+
+
+def test_too_few_nodes_left_waits_for_capacity_when_asked(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    job = _whole_cluster_job(
+        tmp_path, ray_cluster, queue={"wait_for_capacity": True, "capacity_retry_s": 1}
+    )
+    proc = rtg.start("run", "--quiet", "-f", job)
+    wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
+    ray_cluster.kill_node(_a_worker_node(ray_cluster))
+    wait_for(
+        lambda: "waiting for capacity" in (rtg.only_job()["queued_reason"] or ""),
+        60,
+        "the job to wait for capacity",
+    )
+    ray_cluster.heal()  # a node comes back: the job goes on
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert rtg.only_job()["state"] == "SUCCEEDED"
