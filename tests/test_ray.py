@@ -218,3 +218,23 @@ def test_too_few_nodes_left_waits_for_capacity_when_asked(
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert rtg.only_job()["state"] == "SUCCEEDED"
+
+
+def test_a_killed_master_takes_its_replicas_along_and_resume_goes_on(
+    rtg: TG,
+    ray_cluster: RayCluster,
+    tmp_path: Path,
+) -> None:
+    pids = tmp_path / "pid"
+    job = spec(tmp_path, ray_cluster, 2, child(f"*@0:pidfile:{pids}", "*@0:forever", "*:print:ok"))
+    proc = rtg.start("run", "--quiet", "-f", job)
+    wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(2)), 120, "2 replicas")
+    started = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
+    proc.send_signal(signal.SIGKILL)  # no goodbye: Ray reaps the actors of a dead driver
+    proc.wait()
+    wait_for(lambda: not any(alive(p) for p in started), 30, "every replica to be gone")
+    assert rtg.only_job()["state"] == "INTERRUPTED"
+    res = rtg("resume", "--quiet", "on-ray", timeout=120)
+    assert res.returncode == 0, res.stderr
+    status = rtg.only_job()
+    assert status["state"] == "SUCCEEDED" and status["attempts"] == 2
