@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,14 @@ def test_a_hang_is_snapshotted_on_the_replicas_node(
     assert any("child.py" in str(s) for s in snaps)
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """A master a failed test leaves behind would hold the cluster for the next test."""
+    if proc.poll() is None:
+        proc.kill()
+        _, err = proc.communicate()
+        print(f"the master was still running; its stderr:\n{err}")
+
+
 def _a_worker_node(cluster: RayCluster) -> int:
     return max(n["index"] for n in cluster.nodes())  # alive, and not the head (0)
 
@@ -207,15 +216,18 @@ def test_too_few_nodes_left_waits_for_capacity_when_asked(
         tmp_path, ray_cluster, queue={"wait_for_capacity": True, "capacity_retry_s": 1}
     )
     proc = rtg.start("run", "--quiet", "-f", job)
-    wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
-    ray_cluster.kill_node(_a_worker_node(ray_cluster))
-    wait_for(
-        lambda: "waiting for capacity" in (rtg.only_job()["queued_reason"] or ""),
-        60,
-        "the job to wait for capacity",
-    )
-    ray_cluster.heal()  # a node comes back: the job goes on
-    _, err = proc.communicate(timeout=120)
+    try:
+        wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
+        ray_cluster.kill_node(_a_worker_node(ray_cluster))
+        wait_for(
+            lambda: "waiting for capacity" in (rtg.only_job()["queued_reason"] or ""),
+            60,
+            "the job to wait for capacity",
+        )
+        ray_cluster.heal()  # a node comes back: the job goes on
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
     assert proc.returncode == 0, err
     assert rtg.only_job()["state"] == "SUCCEEDED"
 

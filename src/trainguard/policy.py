@@ -79,10 +79,11 @@ class Budgets:
     def after(self, failure: Failure, decision: Decision) -> Budgets:
         """The budgets once `failure` happened and `decision` was taken on it."""
         key = failure.same_error_key
+        failed = self.failed_replicas
         out = replace(
             self,
             same_error={**self.same_error, key: self.same_error.get(key, 0) + 1},
-            failed_replicas=self.failed_replicas | {failure.replica},
+            failed_replicas=failed if failure.replica in failed else failed | {failure.replica},
         )
         for c in getattr(decision, "charges", ()):
             if c.budget == "job_restarts":
@@ -233,7 +234,7 @@ def decide_failure(
             )
 
     rate = ft.max_tolerated_failure_rate
-    failed = len(b.failed_replicas | {failure.replica})
+    failed = len(b.failed_replicas) + (failure.replica not in b.failed_replicas)
     if rate is not None and failed / max(1, world_size) > rate:
         return _fail(
             failure,

@@ -148,7 +148,16 @@ class RayBackend:
                 ),
                 max_concurrency=4,  # a read may wait while a stop signals
             ).remote()
-        wheres = await asyncio.gather(*(a.where.remote() for a in self._actors.values()))
+        try:  # placed is not yet running: an actor that cannot start must not hang the master
+            wheres = await asyncio.wait_for(
+                asyncio.gather(*(a.where.remote() for a in self._actors.values())),
+                self._opts.placement_timeout_s,
+            )
+        except TimeoutError:
+            raise NoCapacity(
+                f"the Ray cluster placed the replicas but their actors did not start within "
+                f"{self._opts.placement_timeout_s:g} s"
+            ) from None
         self._nodes = dict(zip(self._actors, wheres, strict=True))
         first = next(iter(self._actors.values()))
         port = await first.free_port.remote()
