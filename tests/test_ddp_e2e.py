@@ -211,3 +211,20 @@ def test_chaos_two_faults_in_one_job_lose_nothing(tmp_path: Path) -> None:
         ("worker-0", "injection", "transient_exit"),
     ]
     assert _same_weights(Path(clean), Path(faulty))
+
+
+def test_warm_start_recovers_with_identical_weights_and_skips_the_import(
+    tmp_path: Path, baseline: Path
+) -> None:
+    """--preload torch: replicas fork from a zygote that imported torch (and what DDP
+    imports lazily); a restart's first output comes without the import."""
+    tg = TG(tmp_path / "home")
+    argv = _train(tg, tmp_path / "ck", tmp_path / "warm.pt")
+    res = tg(argv[0], "--preload", "torch", *argv[1:], "--crash-at-step", "30", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "warm start: torch imported once" in res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"], job["restarts"]) == ("SUCCEEDED", 2, 1)
+    (rec,) = tg.json("records", job["id"])
+    assert _same_weights(baseline, tmp_path / "warm.pt")
+    print(f"warm restart phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")

@@ -94,6 +94,10 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     for field, flag in _FT_FLAGS.items():
         p.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
     p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
+    p.add_argument(
+        "--preload",
+        help="preload: modules to import once and fork replicas from, e.g. torch (warm start)",
+    )
     p.add_argument("--backend", help="backend: local (default) or ray")
     p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")
     p.add_argument("--placement-strategy", help="ray.placement_strategy: spread or pack")
@@ -284,6 +288,8 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
             ray[key] = getattr(args, dest)
     if ray:
         data["ray"] = ray
+    if args.preload is not None:
+        data["preload"] = [m.strip() for m in args.preload.split(",") if m.strip()]
     if args.backend is not None:
         data["backend"] = args.backend
     elif args.ray_address is not None:
@@ -310,6 +316,7 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags["gpu_inventory"] = "--gpus"
     flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
     flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})
+    flags["preload"] = "--preload"
     field = line.split(":", 1)[0]
     if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
         return f"{line} (from --inject)"

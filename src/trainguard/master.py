@@ -328,6 +328,9 @@ class Master:
         if self._pending is not None:
             self._pending.start_begin_s = self.clock()
         await self.backend.start([self._launch(r) for r in self.replicas.values()])
+        note = getattr(self.backend, "preload_note", None)  # the local backend's warm start
+        if note and self.attempt == 0:
+            self.say(note)
 
     def _log_path(self, attempt: int, replica: str, restart: int) -> Path:
         """One file per replica per attempt; a replica restarted alone gets `.rN`."""

@@ -147,7 +147,7 @@ def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
         res = {pool.role: pool.resources for pool in spec.worker_pools}
         needs = {p.name: res[p.role] for p in plan_replicas(spec)}
         return RayBackend(needs, spec.ray, tee=tee)
-    return LocalBackend(tee=tee)
+    return LocalBackend(tee=tee, preload=spec.preload)
 
 
 def _server_rules() -> list[NotifyRule]:

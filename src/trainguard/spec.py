@@ -214,6 +214,10 @@ class JobSpec(_Model):
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
     fault_injection: list[str] = Field(default_factory=list)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    # Warm start: modules a zygote imports once; `python script.py` replicas fork from it.
+    preload: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")]] = Field(
+        default_factory=list
+    )
     # Where the replicas run: processes on this machine, or actors on a Ray cluster.
     backend: Literal["local", "ray"] = "local"
     ray: RayOptions = Field(default_factory=RayOptions)

@@ -27,6 +27,7 @@ from trainguard.backends.base import (
     ReplicaStarted,
 )
 from trainguard.backends.output import RunOutput
+from trainguard.backends.zygote import Zygote, ZygoteError, forkable
 from trainguard.classify import Classification, ExitEvidence
 from trainguard.oom import oom_kill_count
 from trainguard.snapshot import snapshot_all
@@ -79,7 +80,9 @@ class _Run:
             launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
         )
         self.pid = 0
-        self.transport: asyncio.SubprocessTransport | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.returncode: int | None = None
+        self.forked = False  # by the preload zygote: not our child, its exit comes by message
         self.stop_requested = False
         self.oom_before = oom_kill_count()
         self.eof = asyncio.Event()
@@ -98,12 +101,37 @@ class _Protocol(asyncio.SubprocessProtocol):
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self.backend._on_output_end(self.run)
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.run.transport = transport  # before any exit can be reported
+
     def process_exited(self) -> None:
+        transport = self.run.transport
+        if isinstance(transport, asyncio.SubprocessTransport):
+            self.run.returncode = transport.get_returncode()
         self.run.exited.set()
 
 
+class _PipeProtocol(asyncio.Protocol):
+    """The output of a replica forked by the zygote: our end of its stdout pipe."""
+
+    def __init__(self, backend: LocalBackend, run: _Run) -> None:
+        self.backend = backend
+        self.run = run
+
+    def data_received(self, data: bytes) -> None:
+        self.run.output.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.backend._on_output_end(self.run)
+
+
 class LocalBackend:
-    def __init__(self, tee: TextIO | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, tee: TextIO | None = None, host: str = "127.0.0.1", preload: Sequence[str] = ()
+    ) -> None:
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._runs: dict[str, _Run] = {}
         self._tee = tee
@@ -111,6 +139,10 @@ class LocalBackend:
         self._guardian: Guardian | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_output_s = 0.0
+        self._preload = tuple(preload)
+        self._zygote: Zygote | None = None
+        self._forked: dict[int, _Run] = {}
+        self.preload_note: str | None = None  # why warm start is off, or how long it took
 
     def last_output_s(self) -> float:
         """When any replica last printed anything (0 if none has yet)."""
@@ -127,9 +159,54 @@ class LocalBackend:
     async def start(self, launches: Sequence[Launch]) -> None:
         if self._guardian is None:
             self._guardian = Guardian()
+        if self._preload and self._zygote is None and self.preload_note is None:
+            await self._start_zygote()
         loop = asyncio.get_running_loop()
         for launch in launches:
-            await self._spawn(loop, launch)
+            if self._zygote is not None and self._zygote.alive and forkable(launch.argv):
+                await self._spawn_forked(loop, launch)
+            else:
+                await self._spawn(loop, launch)
+
+    async def _start_zygote(self) -> None:
+        try:
+            self._zygote = await Zygote.start(self._preload)
+        except ZygoteError as exc:
+            self.preload_note = f"warm start off: {exc}"
+            return
+        self._zygote.on_exit = self._forked_exit
+        self.preload_note = (
+            f"warm start: {', '.join(self._preload)} imported once in "
+            f"{self._zygote.import_s:.2f} s; replicas fork from it"
+        )
+
+    async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
+        assert self._zygote is not None
+        run = _Run(launch, self._tee, self._on_output)
+        run.forked = True
+        r, w = os.pipe()
+        try:
+            run.pid = await self._zygote.spawn(launch.argv, launch.env, launch.cwd, w)
+        except ZygoteError:
+            os.close(r)
+            run.output.close()
+            await self._spawn(loop, launch)  # the ordinary way
+            return
+        finally:
+            os.close(w)
+        self._forked[run.pid] = run
+        transport, _ = await loop.connect_read_pipe(
+            lambda: _PipeProtocol(self, run),
+            os.fdopen(r, "rb", buffering=0),
+        )
+        run.transport = transport
+        self._started(run)
+
+    def _forked_exit(self, pid: int, code: int) -> None:
+        run = self._forked.pop(pid, None)
+        if run is not None:
+            run.returncode = code
+            run.exited.set()
 
     async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         run = _Run(launch, self._tee, self._on_output)
@@ -151,6 +228,10 @@ class LocalBackend:
             return
         run.transport = transport
         run.pid = transport.get_pid()
+        self._started(run)
+
+    def _started(self, run: _Run) -> None:
+        launch = run.launch
         self._runs[launch.replica] = run
         assert self._guardian is not None
         self._guardian.watch(run.pid)
@@ -198,7 +279,7 @@ class LocalBackend:
         await run.exited.wait()
         seen_s = time.time()
         assert run.transport is not None
-        returncode = run.transport.get_returncode()
+        returncode = run.returncode
         # The replica is its process group: whatever it left behind goes with it.
         self._killpg(run, signal.SIGKILL)
         if self._guardian is not None:
@@ -236,7 +317,8 @@ class LocalBackend:
         for run in runs:
             # One that already died on its own (a zombie not yet reaped) keeps its own
             # exit: it may be the root cause, and is not the master's doing.
-            run.stop_requested = not _already_exited(run.pid)
+            gone = run.exited.is_set() if run.forked else _already_exited(run.pid)
+            run.stop_requested = not gone
             self._killpg(run, signal.SIGTERM)
             self._killpg(run, signal.SIGCONT)  # a stopped (SIGSTOP) group must see the TERM
         waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
@@ -264,6 +346,9 @@ class LocalBackend:
         await self.stop(list(self._runs), grace_s=5.0)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
         if self._guardian is not None:
             self._guardian.close()
             self._guardian = None
