@@ -42,7 +42,7 @@ def test_forked_replicas_print_exit_restart_and_get_their_own_env(tg: TG, tmp_pa
             "*:env:RANK",
             "*:print:cwd={rank}",
             "1@0:signal:SIGKILL",
-            "0@0:sleep:2",
+            "0:sleep:1.5",  # the primary ends the job: let rank 1 finish first
             "*:print:done {attempt}",
         ),
     )

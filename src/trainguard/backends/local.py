@@ -142,6 +142,7 @@ class LocalBackend:
         self._preload = tuple(preload)
         self._zygote: Zygote | None = None
         self._forked: dict[int, _Run] = {}
+        self._early_exits: dict[int, int] = {}
         self.preload_note: str | None = None  # why warm start is off, or how long it took
 
     def last_output_s(self) -> float:
@@ -195,6 +196,8 @@ class LocalBackend:
         finally:
             os.close(w)
         self._forked[run.pid] = run
+        if run.pid in self._early_exits:  # it exited before we knew its pid
+            self._forked_exit(run.pid, self._early_exits.pop(run.pid))
         transport, _ = await loop.connect_read_pipe(
             lambda: _PipeProtocol(self, run),
             os.fdopen(r, "rb", buffering=0),
@@ -204,9 +207,11 @@ class LocalBackend:
 
     def _forked_exit(self, pid: int, code: int) -> None:
         run = self._forked.pop(pid, None)
-        if run is not None:
-            run.returncode = code
-            run.exited.set()
+        if run is None:
+            self._early_exits[pid] = code  # its pid message is still on its way to spawn()
+            return
+        run.returncode = code
+        run.exited.set()
 
     async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         run = _Run(launch, self._tee, self._on_output)
