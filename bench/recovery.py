@@ -39,7 +39,8 @@ BIN = Path(sys.executable).parent
 TRAIN = ROOT / "examples" / "ddp_train.py"
 RECOVERY_LIMIT_S = 60.0
 PHASES = ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
-TOOLS = ("tg", "torchrun", "torchrun-noshare")
+TOOLS = ("tg", "tg-warm", "torchrun", "torchrun-noshare")
+"""tg-warm: trainguard with `--preload torch` (replicas fork from a zygote that imported torch)."""
 
 STEP_RE = re.compile(r"^step (\d+) loss \S+ rank (\d+) t=([\d.]+)")
 FAULT_RE = re.compile(r"^injected fault: rank \d+ SIGKILLs itself t=([\d.]+)")
@@ -75,13 +76,14 @@ def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> li
     ]
     if crash:
         job += ["--crash-at-step", str(args.crash_at_step), "--crash-rank", "1"]
-    if tool == "tg":
+    if tool.startswith("tg"):
         return [
             str(BIN / "trainguard"),
             "--home",
             str(work / "tg"),
             "run",
             "--quiet",
+            *(["--preload", "torch"] if tool == "tg-warm" else []),
             "--nproc-per-node",
             "2",
             "--",
@@ -106,7 +108,7 @@ def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> li
 def _log_files(tool: str, work: Path) -> list[tuple[int, Path]]:
     """(attempt, file) for every replica log: trainguard's jobs/<id>/attempt-<n>/worker-<i>.log,
     torchrun's <run>/attempt_<n>/<local_rank>/{stdout,stderr}.log."""
-    base = work / "tg" / "jobs" if tool == "tg" else work / "logs"
+    base = work / "tg" / "jobs" if tool.startswith("tg") else work / "logs"
     out = []
     for f in sorted(base.rglob("*.log")):
         m = ATTEMPT_RE.search(str(f.relative_to(base)))
@@ -204,7 +206,7 @@ def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int
         and r["kill_to_step_s"] is not None
         and r["kill_to_step_s"] <= RECOVERY_LIMIT_S
     )
-    r["records"] = _tg_records(work) if tool == "tg" and crash else []
+    r["records"] = _tg_records(work) if tool.startswith("tg") and crash else []
     if not r["sha"] or rc != 0:
         tail = (work / "launcher.out").read_text(errors="replace").splitlines()[-4:]
         r["launcher_tail"] = tail
@@ -258,12 +260,16 @@ def report(results: list[dict], baseline: str | None, tools: list[str], n: int) 
             print(
                 f"  restart record phases (median ms over {len(recs)} records): " + ", ".join(parts)
             )
-    if "tg" in meds:
-        for other in (t for t in tools if t != "tg"):
+    for ours in (t for t in tools if t.startswith("tg")):
+        for other in (t for t in tools if not t.startswith("tg")):
             for key, label in (("k2s", "kill -> first step"), ("cold", "cold start")):
-                a, b = meds["tg"][key], meds[other][key]
+                a, b = meds[ours][key], meds[other][key]
                 ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
-                print(f"ratio trainguard/{other} of medians, {label}: {ratio}")
+                print(f"ratio {ours}/{other} of medians, {label}: {ratio}")
+    if "tg-warm" in meds and "tg" in meds:
+        a, cold = meds["tg-warm"]["k2s"], meds["tg"]["cold"]
+        if a is not None and cold:
+            print(f"ratio tg-warm kill -> first step / tg cold start: {a / cold:.2f}")
 
 
 def main() -> int:

@@ -442,7 +442,10 @@ def overhead_once(args: argparse.Namespace, work: Path) -> OverheadResult:
     m["master CPU, peak 0.5 s interval"] = sampler.peak_cpu_pct()
     m["master CPU per 1,000 lines, window (ms)"] = 10 * win_pct * window / max(1, in_logs) * 1000
     m["machine CPU busy in the window (% of all)"] = sampler.machine_pct(w0, w1)
-    m["master RSS start (MiB)"] = samples[0].rss_kb / 1024 if samples else float("nan")
+    early = [s for s in samples if s.at_s >= w0] or samples
+    m["master RSS at the first replica's start (MiB)"] = (
+        early[0].rss_kb / 1024 if early else float("nan")
+    )
     m["master RSS peak, VmHWM (MiB)"] = max((s.hwm_kb for s in samples), default=0) / 1024
     m["master RSS end (MiB)"] = samples[-1].rss_kb / 1024 if samples else float("nan")
     m["master threads, peak"] = float(max((s.threads for s in samples), default=0))
