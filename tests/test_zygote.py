@@ -68,13 +68,15 @@ def test_a_killed_master_takes_the_zygote_and_its_replicas_along(tg: TG, tmp_pat
         "--",
         *child(f"*:spawn-child:{pids}", f"*:pidfile:{pids}", "*:forever"),
     )
-    wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(2)), 60, "2 replicas")
-    replicas = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
-    grandchildren = [int(Path(f"{pids}.{r}.child").read_text()) for r in range(2)]
-    zygote = _ppid(replicas[0])
-    assert zygote != proc.pid and _ppid(zygote) == proc.pid  # forked by the zygote
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(2)), 60, "2 replicas")
+        replicas = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
+        grandchildren = [int(Path(f"{pids}.{r}.child").read_text()) for r in range(2)]
+        zygote = _ppid(replicas[0])
+        assert zygote != proc.pid and _ppid(zygote) == proc.pid  # forked by the zygote
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # also when the test fails: no master left behind
+        proc.wait()
     everything = [*replicas, *grandchildren, zygote]
     wait_for(lambda: not any(alive(p) for p in everything), 15, "nothing left")
     assert CHILD
