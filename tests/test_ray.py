@@ -225,7 +225,7 @@ def test_too_few_nodes_left_waits_for_capacity_when_asked(
             "the job to wait for capacity",
         )
         ray_cluster.heal()  # a node comes back: the job goes on
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=180)
     finally:
         _end(proc)
     assert proc.returncode == 0, err

@@ -125,11 +125,15 @@ class RayBackend:
         if self._excluded:
             selector = {"ray.io/node-id": f"!in({','.join(self._excluded)})"}
             kwargs["bundle_label_selector"] = [selector] * len(bundles)
-        self._pg = placement_group(bundles, **kwargs)
+        limit = self._opts.placement_timeout_s
         try:
-            await asyncio.wait_for(self._pg.ready(), self._opts.placement_timeout_s)
+            self._pg = await _bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
+            await asyncio.wait_for(self._pg.ready(), limit)
         except TimeoutError:
-            free = await asyncio.to_thread(ray.available_resources)
+            try:
+                free = await _bounded(asyncio.to_thread(ray.available_resources), _CALL_S)
+            except TimeoutError:
+                free = {}
             raise NoCapacity(
                 f"the Ray cluster could not place {len(bundles)} replica(s) "
                 f"({bundles[0]} each) within {self._opts.placement_timeout_s:g} s; "
@@ -160,22 +164,33 @@ class RayBackend:
             ) from None
         self._nodes = dict(zip(self._actors, wheres, strict=True))
         first = next(iter(self._actors.values()))
-        port = await first.free_port.remote()
+        try:
+            port = await _bounded(first.free_port.remote(), _CALL_S)
+        except TimeoutError:
+            raise NoCapacity("rank 0's actor did not answer within 10 s") from None
         return wheres[0]["ip"], int(port)
 
     async def _release(self) -> None:
-        """Kill the last attempt's actors (their replicas die with them) and free its group."""
-        ray = self._ray
-        for actor in self._actors.values():
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-        self._actors = {}
-        if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
+        """Kill the last attempt's actors (their replicas die with them) and free its group.
 
-            with contextlib.suppress(Exception):
-                remove_placement_group(self._pg)
-            self._pg = None
+        Each call is bounded: a call into a cluster that just lost a node must not hang
+        the master (it would wait for capacity forever instead of trying again)."""
+        ray = self._ray
+        actors, self._actors = list(self._actors.values()), {}
+        pg, self._pg = self._pg, None
+
+        def release() -> None:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+
+        with contextlib.suppress(TimeoutError):
+            await _bounded(asyncio.to_thread(release), _CALL_S)
 
     # -------------------------------------------------------------- start
 
@@ -188,7 +203,9 @@ class RayBackend:
         node = self._nodes[launch.replica]
         run = _Run(launch, actor, node, self._tee, self._on_output)
         try:
-            info = await actor.start.remote(list(launch.argv), launch.env, launch.cwd)
+            info = await _bounded(
+                actor.start.remote(list(launch.argv), launch.env, launch.cwd), _CALL_S
+            )
         except Exception as exc:
             info = {"lost": _why(exc)}
         if "pid" not in info:
@@ -224,7 +241,7 @@ class RayBackend:
         """Pull output until the replica exits, or its actor (its node) is gone."""
         lost: str | None = None
         code: int | None = None
-        while True:
+        while not run.done.is_set():
             try:
                 data, code = await run.actor.read.remote(_POLL_S)
             except Exception as exc:
@@ -233,6 +250,12 @@ class RayBackend:
             run.output.feed(data)
             if code is not None:
                 break
+        self._finish(run, code, lost)
+
+    def _finish(self, run: _Run, code: int | None, lost: str | None) -> None:
+        """Report the run's end, once (the pump, or a stop that gave up on its node)."""
+        if run.done.is_set():
+            return
         seen = _now()
         run.output.close()
         la = run.launch
@@ -274,7 +297,9 @@ class RayBackend:
         if pending:
             late = [r for r in runs if not r.done.is_set()]
             await asyncio.gather(*(self._signal(r, signal.SIGKILL) for r in late))
-            await asyncio.wait(pending)
+            _, pending = await asyncio.wait(pending, timeout=_CALL_S)
+            for run in runs:  # no answer even to SIGKILL: its node is as good as gone
+                self._finish(run, None, "its node did not answer a stop")
 
     async def close(self) -> None:
         await self.stop(list(self._runs), grace_s=5.0)
@@ -320,6 +345,11 @@ class RayBackend:
                 return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
 
         return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
+
+
+async def _bounded(aw: Any, timeout_s: float) -> Any:
+    """Await a Ray call, or raise TimeoutError after `timeout_s`."""
+    return await asyncio.wait_for(aw, timeout_s)
 
 
 def _label(node: Mapping[str, str]) -> str:
