@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -263,7 +262,6 @@ def test_token_is_required_off_loopback_and_checked(server_factory: Any, tg: TG)
 
 def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
     srv = server_factory()
-    status, _ = 0, None
     with pytest.raises(urllib.error.HTTPError) as err:
         srv.http("POST", "/api/jobs", {"spec": {"name": "x", "worker_pools": [{"replicas": 0}]}})
     assert err.value.code == 422
@@ -276,7 +274,6 @@ def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
     missing = srv.cli("status", "nope")
     assert missing.returncode != 0 and "no job with id or name 'nope'" in missing.stderr
     assert srv.json("jobs") == []
-    assert status == 0
 
 
 def test_metrics_in_prometheus_format(server_factory: Any) -> None:
@@ -304,7 +301,6 @@ def test_submit_without_a_server_says_how_to_get_one(tg: TG, tmp_path: Path) -> 
     assert res.returncode == 2 and "no server" in res.stderr
     res = tg("jobs", "--server", "http://127.0.0.1:9")
     assert res.returncode != 0 and "cannot reach the trainguard server" in res.stderr
-    assert time.time() > 0
 
 
 @pytest.mark.slow

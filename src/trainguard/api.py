@@ -7,6 +7,7 @@ blocking transactions never stall the event loop that schedules jobs.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any
 
@@ -28,6 +29,13 @@ def _error(status: int, exc: Exception) -> JSONResponse:
     if isinstance(exc, SpecError):
         body["problems"] = exc.problems
     return JSONResponse(body, status_code=status)
+
+
+def _handler(status: int) -> Callable[[Request, Exception], JSONResponse]:
+    def handle(_: Request, exc: Exception) -> JSONResponse:
+        return _error(status, exc)
+
+    return handle
 
 
 def _web_file(name: str) -> str:
@@ -52,25 +60,15 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="trainguard", dependencies=[Depends(check_token)])
     open_app = FastAPI()  # the page itself carries no data: it asks the API with the token
 
-    @app.exception_handler(JobNotFound)
-    def _not_found(_: Request, exc: JobNotFound) -> JSONResponse:
-        return _error(404, exc)
-
-    @app.exception_handler(SpecError)
-    def _bad_spec(_: Request, exc: SpecError) -> JSONResponse:
-        return _error(422, exc)
-
-    @app.exception_handler(ResumeError)
-    def _conflict(_: Request, exc: ResumeError) -> JSONResponse:
-        return _error(409, exc)
-
-    @app.exception_handler(StoreError)
-    def _store(_: Request, exc: StoreError) -> JSONResponse:
-        return _error(503, exc)
-
-    @app.exception_handler(TrainguardError)
-    def _other(_: Request, exc: TrainguardError) -> JSONResponse:
-        return _error(400, exc)
+    # Our errors as HTTP statuses; the most specific class wins (Starlette looks up the MRO).
+    for kind, code in (
+        (JobNotFound, 404),
+        (SpecError, 422),
+        (ResumeError, 409),
+        (StoreError, 503),
+        (TrainguardError, 400),
+    ):
+        app.add_exception_handler(kind, _handler(code))
 
     @app.get("/api/jobs")
     def list_jobs(limit: Annotated[int, Query(ge=1, le=10000)] = 50) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import uvicorn
@@ -58,6 +57,3 @@ async def _serve(service: Service, config: ServerConfig) -> int:
         with contextlib.suppress(OSError):
             info.unlink()
     return 0
-
-
-_ = signal  # uvicorn installs its own SIGINT/SIGTERM handlers for a graceful stop
