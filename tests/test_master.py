@@ -75,11 +75,13 @@ class FakeBackend:
         await self.stop(list(self.live), 0)
 
 
-def make(tmp_path: Path, backend: FakeBackend, **ft: object) -> tuple[Master, Store]:
+def make(
+    tmp_path: Path, backend: FakeBackend, replicas: int = 2, **ft: object
+) -> tuple[Master, Store]:
     spec = validate_spec(
         {
             "name": "t",
-            "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
+            "worker_pools": [{"role": "worker", "replicas": replicas, "command": ["x"]}],
             "fault_tolerance": ft,
         }
     )
@@ -169,6 +171,55 @@ def test_exits_of_an_old_attempt_change_nothing(tmp_path: Path) -> None:
         await m.step(ReplicaExited(old.attempt, "worker-0", 0, 1, ev, 3.0))
         assert m.state is JobState.RUNNING and m.attempt == 1
         assert len(store.restarts_of("job-1")) == 1
+
+    asyncio.run(scenario())
+
+
+class QuickExitBackend(FakeBackend):
+    """Like Ray's: replicas start one by one, and one may be done before the next starts."""
+
+    def __init__(self, codes: dict[int, int], who: str = "") -> None:
+        super().__init__()
+        self.codes = codes  # attempt -> the exit code of its replicas (of `who` alone if set)
+        self.who = who
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        for launch in launches:
+            await super().start([launch])
+            if launch.attempt in self.codes and self.who in ("", launch.replica):
+                self.exit(launch.replica, self.codes[launch.attempt])
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_replicas_that_exit_while_the_next_ones_start_are_decided(
+    tmp_path: Path, code: int
+) -> None:
+    """A restarted attempt whose replicas end at once must end the job, not stall it."""
+
+    async def scenario() -> None:
+        be = QuickExitBackend({1: code})
+        m, store = make(tmp_path, be, max_num_of_job_restart=1)
+        await m.begin()
+        await drain(m)
+        be.exit("worker-1", -9)
+        await drain(m)
+        assert m.attempt == 1
+        assert m.state is (JobState.SUCCEEDED if code == 0 else JobState.FAILED)
+        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        assert states[:3] == ["PENDING", "RUNNING", "RESTARTING"]
+
+    asyncio.run(scenario())
+
+
+def test_a_job_runs_when_one_replica_is_done_before_the_last_starts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = QuickExitBackend({0: 0}, who="worker-1")  # done before worker-2 starts
+        m, store = make(tmp_path, be, replicas=3)
+        await m.begin()
+        await drain(m)
+        assert m.state is JobState.RUNNING
+        (t,) = [t for t in store.transitions_of("job-1") if t["to_state"] == "RUNNING"]
+        assert t["reason"] == "attempt 0: all 3 replicas started, 1 already exited"
 
     asyncio.run(scenario())
 

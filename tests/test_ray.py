@@ -176,6 +176,11 @@ def test_a_hang_is_snapshotted_on_the_replicas_node(
 def _end(proc: subprocess.Popen[str]) -> None:
     """A master a failed test leaves behind would hold the cluster for the next test."""
     if proc.poll() is None:
+        spy = Path(sys.executable).with_name("py-spy")
+        dump = subprocess.run(
+            [str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True, check=False
+        )
+        print(f"the master's stacks:\n{dump.stdout}{dump.stderr}")
         proc.kill()
         _, err = proc.communicate()
         print(f"the master was still running; its stderr:\n{err}")

@@ -146,6 +146,7 @@ class Master:
         self.attempt = -1
         self._capacity_since: float | None = None  # when the current wait for capacity began
         self._capacity_attempt = -1  # the attempt that last ended waiting for capacity
+        self._torn_down = -1  # the attempt a restart or a wait for capacity is stopping
         self.outcome = Outcome(JobState.PENDING)
         self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
@@ -244,6 +245,11 @@ class Master:
                     await self._start_attempt()
 
     # -------------------------------------------------------------- transitions
+
+    def _tear_down(self, reason: str, **job_values: object) -> None:
+        """RESTARTING: the current attempt's exits from now on are consequences."""
+        self._torn_down = self.attempt
+        self._transition(JobState.RESTARTING, reason, **job_values)
 
     def _transition(self, state: JobState, reason: str, **job_values: object) -> None:
         prev, self.state = self.state, state
@@ -359,19 +365,37 @@ class Master:
         if rep is None:
             return
         rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
-        if self.state in (JobState.PENDING, JobState.RESTARTING) and all(
-            r.state is ReplicaState.RUNNING for r in self.replicas.values()
-        ):
-            pending = self._pending
-            if pending is not None and not pending.started:
-                pending.started = True
-                self.rec.restart_phases(
-                    pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
-                )
-            n = len(self.replicas)
-            self._transition(JobState.RUNNING, f"attempt {self.attempt}: all {n} replicas running")
-            self.hangs.arm(self.attempt)
-            self.faults.arm(self.attempt)
+        self._maybe_running()
+
+    def _maybe_running(self) -> None:
+        """RUNNING once every replica of the new attempt has started.
+
+        Some may have exited already (a replica that finishes at once, one started last
+        on a slow backend): counting them keeps the job from waiting forever to run.
+        """
+        if self.state not in (JobState.PENDING, JobState.RESTARTING) or self._is_torn_down():
+            return
+        states = [r.state for r in self.replicas.values()]
+        running = states.count(ReplicaState.RUNNING)
+        if ReplicaState.STARTING in states or not running:
+            return
+        pending = self._pending
+        if pending is not None and not pending.started:
+            pending.started = True
+            self.rec.restart_phases(
+                pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
+            )
+        n = len(states)
+        what = f"all {n} replicas running"
+        if running < n:
+            what = f"all {n} replicas started, {n - running} already exited"
+        self._transition(JobState.RUNNING, f"attempt {self.attempt}: {what}")
+        self.hangs.arm(self.attempt)
+        self.faults.arm(self.attempt)
+
+    def _is_torn_down(self) -> bool:
+        """Whether the current attempt is being stopped (its exits decide nothing)."""
+        return self.state is JobState.RESTARTING and self._torn_down == self.attempt
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
         pending = self._pending
@@ -423,8 +447,9 @@ class Master:
             self._attempt_failures.append(failure)
         if c.kind is ExitKind.STOP_REQUESTED or not decide:
             return
-        if self.state not in (JobState.PENDING, JobState.RUNNING):
+        if self.state is JobState.CANCELLING or self.state.is_terminal or self._is_torn_down():
             return  # already restarting, cancelling or finished: this exit is a consequence
+        self._maybe_running()
         if failure is None:
             decision = decide_clean_exit(
                 self.spec.success_policy,
@@ -552,7 +577,7 @@ class Master:
     async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
         record_id = self.ledger.restart(decision, failure, seen_s)
         self.hangs.disarm()
-        self._transition(JobState.RESTARTING, describe(decision))
+        self._tear_down(describe(decision))
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)  # usually done
         await self._settle()
         t0, t1 = self.ledger.decided_s, self.clock()
@@ -576,7 +601,7 @@ class Master:
             return
         self.hangs.disarm()
         note = f"waiting for capacity, next try in {queue.capacity_retry_s:g} s: {reason}"
-        self._transition(JobState.RESTARTING, note, queued_reason=note)
+        self._tear_down(note, queued_reason=note)
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
         await self._settle()
         if self.attempt >= 0:
@@ -692,7 +717,7 @@ class Master:
             self._record_failure(failure, decision)
             if isinstance(decision, RestartJob) and not self.state.is_terminal:
                 record_id = self.ledger.restart(decision, failure, failure.time_s)
-                self._transition(JobState.RESTARTING, describe(decision))
+                self._tear_down(describe(decision))
                 self.rec.attempt_ended(self.attempt, self.clock(), "internal error", repr(exc))
                 self._pending = _PendingRestart(record_id, self.clock())
                 return True
