@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainguard.frameworks import EnvContext, preset
 from trainguard.layout import plan_replicas, primary_replica, replica_env
 from trainguard.spec import (
     JobSpec,
@@ -55,17 +56,8 @@ def test_plan_replicas_workers_only() -> None:
 
 def test_replica_env() -> None:
     plans = plan_replicas(_pools_spec())
-    env = replica_env(
-        plans[2],
-        job_id="job-abc",
-        world_size=4,
-        master_addr="127.0.0.1",
-        master_port=29500,
-        restart_count=2,
-        max_restarts=3,
-        role_world_size=2,
-        sdk_env={"TRAINGUARD_SDK": "on"},
-    )
+    ctx = EnvContext(plans[2], tuple(plans), "job-abc", "127.0.0.1", 29500, 2, 3)
+    env = replica_env(preset("pytorch"), ctx, {"TRAINGUARD_SDK": "on"})
     expected = {
         "RANK": "2",
         "LOCAL_RANK": "2",
@@ -104,17 +96,8 @@ def test_replica_env_user_env_wins() -> None:
         }
     )
     (plan,) = plan_replicas(spec)
-    env = replica_env(
-        plan,
-        job_id="j",
-        world_size=1,
-        master_addr="localhost",
-        master_port=29500,
-        restart_count=0,
-        max_restarts="unlimited",
-        role_world_size=1,
-        sdk_env={"SDK": "sdk", "MASTER_ADDR": "10.0.0.1"},
-    )
+    ctx = EnvContext(plan, (plan,), "j", "localhost", 29500, 0, "unlimited")
+    env = replica_env(preset("pytorch"), ctx, {"SDK": "sdk", "MASTER_ADDR": "10.0.0.1"})
     assert env["MASTER_PORT"] == "1234"  # the user's env beats ours
     assert env["PYTHONUNBUFFERED"] == "0"
     assert env["SDK"] == "user"  # and the SDK's

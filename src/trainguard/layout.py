@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainguard.frameworks import EnvContext, Preset
 from trainguard.spec import JobSpec
 
 
@@ -44,42 +45,19 @@ def primary_replica(plans: list[ReplicaPlan]) -> str:
 
 
 def replica_env(
-    plan: ReplicaPlan,
-    *,
-    job_id: str,
-    world_size: int,
-    master_addr: str,
-    master_port: int,
-    restart_count: int,
-    max_restarts: int | str,
-    role_world_size: int,
-    sdk_env: dict[str, str] | None = None,
+    preset: Preset, ctx: EnvContext, sdk_env: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """The variables torchrun sets (so code written for torchrun runs unchanged), plus ours.
-
-    One node for now: LOCAL_RANK == RANK and GROUP_RANK is 0.
-    """
-    env = {
-        "RANK": str(plan.rank),
-        "LOCAL_RANK": str(plan.rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
-        "ROLE_NAME": plan.role,
-        "ROLE_RANK": str(plan.index),
-        "ROLE_WORLD_SIZE": str(role_world_size),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RUN_ID": job_id,
-        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        "TRAINGUARD_JOB_ID": job_id,
-        "TRAINGUARD_REPLICA": plan.name,
-        "TRAINGUARD_RESTART_COUNT": str(restart_count),
-        # Line-buffered output so logs (and hang detection) see lines as they are printed.
-        "PYTHONUNBUFFERED": "1",
-    }
+    """The framework's variables, plus ours; the SDK's beat them, the user's beat all."""
+    env = preset.env(ctx)
+    env.update(
+        {
+            "TRAINGUARD_JOB_ID": ctx.job_id,
+            "TRAINGUARD_REPLICA": ctx.plan.name,
+            "TRAINGUARD_RESTART_COUNT": str(ctx.restart_count),
+            # Line-buffered output so logs (and hang detection) see lines as they are printed.
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(sdk_env or {})
-    env.update(dict(plan.env))  # the user's own env wins
+    env.update(dict(ctx.plan.env))
     return env

@@ -25,6 +25,7 @@ from trainguard.backends.base import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
+from trainguard.backends.local import free_port
 from trainguard.classify import (
     INTERNAL_ERROR_MESSAGE,
     Classification,
@@ -34,6 +35,7 @@ from trainguard.classify import (
     internal_failure,
 )
 from trainguard.diagnose import diagnose
+from trainguard.frameworks import EnvContext, preset
 from trainguard.gpus import GpuPool, NotEnoughGpus
 from trainguard.hangs import HangDetected, HangWatch
 from trainguard.inbox import Inbox
@@ -46,6 +48,7 @@ from trainguard.policy import (
     Decision,
     FailJob,
     Failure,
+    GiveUpReplica,
     Ignore,
     RestartJob,
     RestartReplica,
@@ -59,7 +62,7 @@ from trainguard.policy import (
 from trainguard.recorder import Recorder
 from trainguard.sdk_server import SdkServer, new_token
 from trainguard.signatures import Rules
-from trainguard.spec import ExecutionMode, JobSpec
+from trainguard.spec import ExecutionMode, JobSpec, SuccessPolicy
 from trainguard.states import JobState, ReplicaState
 
 
@@ -141,7 +144,11 @@ class Master:
         plans = plan_replicas(spec)
         self.replicas = {p.name: _Replica(p) for p in plans}
         self.primary = primary_replica(plans)
-        self._role_sizes = {p.role: p.replicas for p in spec.worker_pools}
+        self._plans = tuple(plans)
+        self.preset = preset(spec.framework)
+        self.roles = self.preset.role_policy(spec)
+        self._task_addresses: dict[str, str] = {}
+        self._given_up: dict[str, str] = {}  # replica -> why (batch shards, evaluators)
         self.state = JobState.PENDING
         self.attempt = -1
         self._capacity_since: float | None = None  # when the current wait for capacity began
@@ -263,25 +270,26 @@ class Master:
         addr, port = self._rendezvous
         plan = rep.plan
         log_path = self._log_path(self.attempt, plan.name, rep.restarts)
-        env = dict(os.environ)
-        env.update(
-            replica_env(
-                plan,
-                job_id=self.job_id,
-                world_size=len(self.replicas),
-                master_addr=addr,
-                master_port=port,
-                restart_count=self.attempt + rep.restarts,
-                max_restarts=self.ft.max_num_of_job_restart,
-                role_world_size=self._role_sizes[plan.role],
-                sdk_env={
-                    "TRAINGUARD_MASTER_URL": self.sdk.url,
-                    "TRAINGUARD_TOKEN": self.sdk.token,
-                    "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
-                    "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
-                },
-            )
+        if self.preset.task_addresses and not self._task_addresses:
+            # Stable for the job's life: a replica restarted alone rejoins the same cluster.
+            self._task_addresses = {n: f"{addr}:{free_port(addr)}" for n in self.replicas}
+        ctx = EnvContext(
+            plan=plan,
+            plans=self._plans,
+            job_id=self.job_id,
+            master_addr=addr,
+            master_port=port,
+            restart_count=self.attempt + rep.restarts,
+            max_restarts=self.ft.max_num_of_job_restart,
+            task_addresses=self._task_addresses,
         )
+        sdk_env = {
+            "TRAINGUARD_MASTER_URL": self.sdk.url,
+            "TRAINGUARD_TOKEN": self.sdk.token,
+            "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
+            "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
+        }
+        env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
         devices = self.gpus.visible_devices(plan.name)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
@@ -324,6 +332,7 @@ class Master:
         self.faults.disarm()
         self.ledger.injected = {}
         self.attempt += 1
+        self._given_up = {}
         self.keeper.new_attempt(self.attempt)
         addr, port = self._rendezvous
         self.rec.attempt_started(self.attempt, self.clock(), addr, port)
@@ -455,7 +464,7 @@ class Master:
                 self.spec.success_policy,
                 ev.replica,
                 self.primary,
-                all(r.state is ReplicaState.SUCCEEDED for r in self.replicas.values()),
+                self._all_done(),
             )
             if isinstance(decision, Ignore) and self._exit_hang_on and not self._exit_hang_timer:
                 interval = self.ft.job_exit_hang_interval
@@ -493,6 +502,7 @@ class Master:
             failure,
             len(self.replicas),
             wait_for_capacity=self.spec.queue.wait_for_capacity,
+            roles=self.roles,
         )
 
     def _record_failure(self, root: Failure, decision: Decision) -> None:
@@ -530,8 +540,17 @@ class Master:
         match decision:
             case Ignore():
                 return
+            case Succeed() if self._given_up and self.spec.allow_partial:
+                n, gone = len(self.replicas), sorted(self._given_up)
+                message = (
+                    f"partial success: {n - len(gone)} of {n} replicas succeeded; "
+                    f"given up: {', '.join(gone)}"
+                )
+                await self._finish(JobState.SUCCEEDED, message, "PARTIAL", message)
             case Succeed():
                 await self._finish(JobState.SUCCEEDED, decision.reason)
+            case GiveUpReplica():
+                await self._give_up(decision)
             case FailJob():
                 self.outcome.failure = failure
                 await self._finish(
@@ -550,6 +569,19 @@ class Master:
                 assert failure is not None
                 self.ledger.restart(decision, failure, seen_s)
                 await self._wait_for_capacity(decision.reason, failure.classification.message)
+
+    def _all_done(self) -> bool:
+        """Every replica succeeded, or was given up."""
+        return all(
+            r.state is ReplicaState.SUCCEEDED or n in self._given_up
+            for n, r in self.replicas.items()
+        )
+
+    async def _give_up(self, decision: GiveUpReplica) -> None:
+        """The replica stays failed; the job goes on, and ends if it was the last one left."""
+        self._given_up[decision.replica] = decision.reason
+        if self.spec.success_policy is SuccessPolicy.ALL and self._all_done():
+            await self._apply(Succeed("every replica exited 0 or was given up"), None, 0.0)
 
     def _cancel_exit_hang(self) -> None:
         if self._exit_hang_timer is not None:

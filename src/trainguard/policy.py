@@ -11,8 +11,9 @@ The rules, in order, for a failure:
    times -> FailJob;
 4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
    (capacity with queue.wait_for_capacity -> WaitForCapacity);
-5. async mode and a `worker`: restart it alone while its `max_replica_restarts` last,
-   then the whole job;
+5. async mode and a role that restarts alone (the framework's `RolePolicy`; `worker`
+   by default): restart it alone while its `max_replica_restarts` last, then the whole
+   job (or, as the framework says, fail the job or give the replica up);
 6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
 """
 
@@ -128,6 +129,14 @@ class WaitForCapacity:
 
 
 @dataclass(frozen=True)
+class GiveUpReplica:
+    """Leave this replica failed and let the job go on without it."""
+
+    replica: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Succeed:
     reason: str
 
@@ -137,7 +146,9 @@ class Ignore:
     reason: str
 
 
-Decision = RestartJob | RestartReplica | FailJob | WaitForCapacity | Succeed | Ignore
+Decision = (
+    RestartJob | RestartReplica | GiveUpReplica | FailJob | WaitForCapacity | Succeed | Ignore
+)
 
 
 def describe(decision: Decision) -> str:
@@ -145,7 +156,7 @@ def describe(decision: Decision) -> str:
     name = type(decision).__name__
     charges = getattr(decision, "charges", ())
     cost = f" [charged {', '.join(map(str, charges))}]" if charges else ""
-    target = f"({decision.replica})" if isinstance(decision, RestartReplica) else ""
+    target = f"({decision.replica})" if isinstance(decision, RestartReplica | GiveUpReplica) else ""
     return f"{name}{target}: {decision.reason}{cost}"
 
 
@@ -159,8 +170,25 @@ _CLASS_BUDGET: dict[FailureClass, str] = {
     FailureClass.NODE_LOST: "max_node_lost_restarts",
 }
 
-# Roles that restart alone in async mode; any other role restarts the whole job.
-_ASYNC_ALONE_ROLES = frozenset({"worker"})
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """How a framework treats its roles' failures (R-POL-1); the preset supplies it.
+
+    `alone`: roles restarted alone in async mode (None: every role); any other role
+    restarts the whole job. `optional`: roles whose failure never ends or restarts the
+    job (TensorFlow's evaluator): restarted alone within their budget, then given up.
+    `on_spent`: what happens when a replica restarted alone has spent its own restarts.
+    """
+
+    alone: frozenset[str] | None = frozenset({"worker"})
+    optional: frozenset[str] = frozenset()
+    on_spent: Literal["restart_job", "fail_job", "give_up"] = "restart_job"
+
+    def restarts_alone(self, role: str, mode: ExecutionMode) -> bool:
+        if role in self.optional:
+            return True
+        return mode is ExecutionMode.ASYNC and (self.alone is None or role in self.alone)
 
 
 def error_code(c: Classification) -> str:
@@ -212,16 +240,18 @@ def decide_failure(
     failure: Failure,
     world_size: int = 1,
     wait_for_capacity: bool = False,
+    roles: RolePolicy = RolePolicy(),
 ) -> Decision:
     """What to do about one replica's failure (the root cause, not its cascade).
 
     With `wait_for_capacity`, a capacity failure whose budget is spent waits for capacity
-    (Vertex's flex-start) instead of failing the job.
+    (Vertex's flex-start) instead of failing the job. A replica of an optional role, or
+    a shard of a job that allows a partial result, is given up instead of ending the job.
     """
     c = failure.classification
     retry, why = _is_retryable(ft, c)
     if not retry:
-        return _fail(failure, why)
+        return _end_replica(roles, ft, failure, why)
 
     if wait_for_capacity and c.failure_class is FailureClass.CAPACITY:
         limit_c = ft.max_capacity_restarts
@@ -244,7 +274,9 @@ def decide_failure(
 
     same = b.same_error.get(failure.same_error_key, 0) + 1
     if ft.max_num_of_same_error != UNLIMITED and same > ft.max_num_of_same_error:
-        return _fail(
+        return _end_replica(
+            roles,
+            ft,
             failure,
             f"{why}; but {failure.replica} hit the same error {same} times "
             f"(max_num_of_same_error {ft.max_num_of_same_error})",
@@ -258,18 +290,30 @@ def decide_failure(
         limit: Limit = getattr(ft, budget_field)
         used = b.class_restarts.get(budget_field, 0)
         if not limit_allows(limit, used):
-            return _fail(failure, f"{why}; but {budget_field} is spent ({used}/{limit})")
+            why = f"{why}; but {budget_field} is spent ({used}/{limit})"
+            return _end_replica(roles, ft, failure, why)
         extra = (*extra, Charge(budget_field, used + 1, limit))
 
-    if ft.execution_mode is ExecutionMode.ASYNC and failure.role in _ASYNC_ALONE_ROLES:
+    if roles.restarts_alone(failure.role, ft.execution_mode):
         key = f"replica_restarts:{failure.replica}"
         used = b.replica_restarts.get(failure.replica, 0)
         if limit_allows(ft.max_replica_restarts, used):
             charge = Charge(key, used + 1, ft.max_replica_restarts)
             return RestartReplica(failure.replica, why, (*extra, charge))
-        spent = ft.max_replica_restarts
-        why = f"{why}; {failure.replica} spent its {spent} restarts, so the job restarts"
+        why = f"{why}; {failure.replica} spent its {ft.max_replica_restarts} restarts"
+        if failure.role in roles.optional or roles.on_spent != "restart_job":
+            return _end_replica(roles, ft, failure, why)
+        why = f"{why}, so the job restarts"
     return _job_restart(ft, b, failure, why, extra)
+
+
+def _end_replica(roles: RolePolicy, ft: FaultTolerance, failure: Failure, why: str) -> Decision:
+    """A replica that may not be retried: given up where its role allows, else the job fails."""
+    if failure.role in roles.optional:
+        return GiveUpReplica(failure.replica, f"{why}; {failure.role} is optional")
+    if roles.on_spent == "give_up" and roles.restarts_alone(failure.role, ft.execution_mode):
+        return GiveUpReplica(failure.replica, f"{why}; a partial result is allowed")
+    return _fail(failure, why)
 
 
 def decide_clean_exit(

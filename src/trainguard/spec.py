@@ -204,7 +204,7 @@ class RayOptions(_Model):
 
 class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
-    framework: Literal["pytorch", "generic"] = "pytorch"
+    framework: str = "pytorch"  # a preset of trainguard.frameworks
     worker_pools: list[WorkerPool] = Field(min_length=1)
     success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
@@ -222,6 +222,49 @@ class JobSpec(_Model):
     backend: Literal["local", "ray"] = "local"
     ray: RayOptions = Field(default_factory=RayOptions)
     notifications: list[NotifyRule] = Field(default_factory=list)
+    # batch: a shard that cannot be retried is given up and listed; the others finish.
+    allow_partial: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_defaults(cls, data: Any) -> Any:
+        """The preset's defaults (batch is async, ...) where the spec does not say."""
+        from trainguard.frameworks import PRESETS
+
+        if not isinstance(data, dict):
+            return data
+        preset = PRESETS.get(data.get("framework", "pytorch"))
+        if preset is None:
+            return data  # the field validator names it
+        ft = data.get("fault_tolerance") or {}
+        if preset.ft_defaults and isinstance(ft, dict):
+            data = {**data, "fault_tolerance": {**preset.ft_defaults, **ft}}
+        if preset.success_policy and data.get("success_policy") is None:
+            data = {**data, "success_policy": preset.success_policy}
+        return data
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        from trainguard.frameworks import PRESETS
+
+        if value not in PRESETS:
+            names = [repr(n) for n in PRESETS]
+            raise ValueError(
+                f"must be one of {', '.join(names[:-1])} or {names[-1]}, got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _fits_framework(self) -> JobSpec:
+        from trainguard.frameworks import PRESETS
+
+        problems = PRESETS[self.framework].problems(self)
+        if self.allow_partial and self.framework != "batch":
+            problems.append("allow_partial: only a batch job can succeed in part")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @field_validator("fault_injection")
     @classmethod

@@ -20,7 +20,7 @@ import sys
 import time
 
 rank = int(os.environ.get("RANK", "0"))
-attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+attempt = int(os.environ.get("TRAINGUARD_RESTART_COUNT", "0"))  # every framework sets it
 
 
 def applies(who: str) -> bool:

@@ -1,0 +1,18 @@
+"""Framework presets (R-JOB-7): one module each, named in this table."""
+
+from __future__ import annotations
+
+from trainguard.frameworks.base import EnvContext, Preset
+from trainguard.frameworks.batch import Batch
+from trainguard.frameworks.generic import Generic
+from trainguard.frameworks.pytorch import PyTorch
+from trainguard.frameworks.tensorflow import TensorFlow
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (PyTorch(), TensorFlow(), Batch(), Generic())}
+
+
+def preset(name: str) -> Preset:
+    return PRESETS[name]
+
+
+__all__ = ["PRESETS", "EnvContext", "Preset", "preset"]

@@ -1,0 +1,73 @@
+"""What a framework preset decides, behind one interface (R-JOB-7).
+
+A preset says which roles a job may have, the environment each replica gets, and how
+its roles' failures are treated. Everything else (launching, watching, budgets) is the
+master's and is the same for every framework. Adding a framework is one module here
+and one line in the table of `trainguard.frameworks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.policy import RolePolicy
+
+if TYPE_CHECKING:
+    from trainguard.layout import ReplicaPlan
+    from trainguard.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class EnvContext:
+    """What a preset may use to build one replica's environment."""
+
+    plan: ReplicaPlan
+    plans: tuple[ReplicaPlan, ...]  # every replica of the job, in rank order
+    job_id: str
+    master_addr: str
+    master_port: int  # fresh for every attempt
+    restart_count: int
+    max_restarts: int | str
+    # replica -> its own address, the same for the job's whole life (presets that ask)
+    task_addresses: Mapping[str, str] = field(default_factory=dict)
+
+    def pool_size(self, role: str) -> int:
+        return sum(1 for p in self.plans if p.role == role)
+
+
+class Preset:
+    """The default framework behaviour; each preset overrides what it must."""
+
+    name = "generic"
+    # The roles a pool may have; None: any role.
+    roles: frozenset[str] | None = None
+    # Spec defaults the preset implies, applied where the job spec does not set them:
+    # keys of `fault_tolerance`, and `success_policy`.
+    ft_defaults: ClassVar[Mapping[str, Any]] = {}
+    success_policy: str | None = None
+    # Whether every replica needs a stable address of its own (TensorFlow's cluster spec).
+    task_addresses = False
+    backends: frozenset[str] = frozenset({"local", "ray"})
+
+    def role_policy(self, spec: JobSpec) -> RolePolicy:
+        return RolePolicy()
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        """What is wrong with this job for this framework, one line each."""
+        out: list[str] = []
+        if spec.backend not in self.backends:
+            out.append(f"backend: framework {self.name} runs on the local backend only for now")
+        if self.roles is not None:
+            out += [
+                f"worker_pools: framework {self.name} has no role {p.role!r} "
+                f"(its roles: {', '.join(sorted(self.roles))})"
+                for p in spec.worker_pools
+                if p.role not in self.roles
+            ]
+        return out
+
+    def env(self, ctx: EnvContext) -> dict[str, str]:
+        """The framework's variables; rank and world size are every preset's."""
+        return {"RANK": str(ctx.plan.rank), "WORLD_SIZE": str(len(ctx.plans))}

@@ -1,0 +1,32 @@
+"""`pytorch` (the default): the environment torchrun gives its workers.
+
+Code written for torchrun (and libraries that detect a torchrun launch through the
+TORCHELASTIC_* variables) runs unchanged. One node: LOCAL_RANK == RANK, GROUP_RANK 0.
+"""
+
+from __future__ import annotations
+
+from trainguard.frameworks.base import EnvContext, Preset
+
+
+class PyTorch(Preset):
+    name = "pytorch"
+
+    def env(self, ctx: EnvContext) -> dict[str, str]:
+        plan, world = ctx.plan, str(len(ctx.plans))
+        return {
+            "RANK": str(plan.rank),
+            "LOCAL_RANK": str(plan.rank),
+            "WORLD_SIZE": world,
+            "LOCAL_WORLD_SIZE": world,
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_NAME": plan.role,
+            "ROLE_RANK": str(plan.index),
+            "ROLE_WORLD_SIZE": str(ctx.pool_size(plan.role)),
+            "MASTER_ADDR": ctx.master_addr,
+            "MASTER_PORT": str(ctx.master_port),
+            "TORCHELASTIC_RUN_ID": ctx.job_id,
+            "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
+        }

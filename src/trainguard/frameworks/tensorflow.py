@@ -1,0 +1,66 @@
+"""`tensorflow`: TF_CONFIG for chief, worker, ps and evaluator tasks; CLUSTER_SPEC as Vertex.
+
+Every task has one address for the job's whole life, so a worker restarted alone finds
+the same cluster and the others find it again (ParameterServerStrategy's coordinator
+waits for a lost worker to come back). The evaluator is not part of the cluster, as in
+TensorFlow's own convention, and its failure never ends training. Async by default: a
+worker restarts alone; a chief or ps failure restarts the whole job (or fails it when
+job restarts are off).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.frameworks.base import EnvContext, Preset
+from trainguard.policy import RolePolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from trainguard.spec import JobSpec
+
+CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator watches from outside
+# Vertex AI's pools: the primary replica, workers, parameter servers, evaluators.
+VERTEX_POOLS = {
+    "chief": "workerpool0",
+    "worker": "workerpool1",
+    "ps": "workerpool2",
+    "evaluator": "workerpool3",
+}
+
+
+class TensorFlow(Preset):
+    name = "tensorflow"
+    roles = frozenset({*CLUSTER_ROLES, "evaluator"})
+    ft_defaults: ClassVar[Mapping[str, Any]] = {"execution_mode": "async"}
+    task_addresses = True
+    backends = frozenset({"local"})
+
+    def role_policy(self, spec: JobSpec) -> RolePolicy:
+        return RolePolicy(alone=frozenset({"worker"}), optional=frozenset({"evaluator"}))
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        out = super().problems(spec)
+        if {p.role for p in spec.worker_pools} <= {"ps", "evaluator"}:
+            out.append("worker_pools: a tensorflow job needs a chief or a worker pool")
+        return out
+
+    def env(self, ctx: EnvContext) -> dict[str, str]:
+        plan = ctx.plan
+        by_role: dict[str, list[str]] = {}
+        for p in ctx.plans:  # in rank order, hence index order within each role
+            by_role.setdefault(p.role, []).append(ctx.task_addresses[p.name])
+        cluster = {r: by_role[r] for r in CLUSTER_ROLES if r in by_role}
+        task = {"type": plan.role, "index": plan.index}
+        vertex = {
+            "cluster": {VERTEX_POOLS[r]: a for r, a in by_role.items()},
+            "environment": "cloud",
+            "task": {"type": VERTEX_POOLS[plan.role], "index": plan.index},
+        }
+        return {
+            **super().env(ctx),
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
+            "CLUSTER_SPEC": json.dumps(vertex),
+        }
