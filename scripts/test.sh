@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs every gate: ruff, ruff format --check, mypy, pytest.
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the fast tests.
-# It installs what the tests drive (PostgreSQL, Chromium) with scripts/system_deps.sh.
+# It installs what the tests drive (PostgreSQL, Chromium; Open MPI) with scripts/system_deps.sh
+# and scripts/mpi_deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 bash scripts/system_deps.sh
+bash scripts/mpi_deps.sh
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check src tests examples bench
 ruff format --check src tests examples bench

@@ -95,7 +95,13 @@ def test_minimal_spec_gets_defaults() -> None:
             _spec(success_policy="most"),
             ["success_policy: must be one of 'chief' or 'all', got 'most'"],
         ),
-        (_spec(framework="tf"), ["framework: must be one of 'pytorch', 'tensorflow', 'batch' or 'generic', got 'tf'"]),
+        (
+            _spec(framework="tf"),
+            [
+                "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch' or "
+                "'generic', got 'tf'"
+            ],
+        ),
         (
             {"name": "job", "worker_pools": [{"replicas": 2}]},
             ["worker_pools[0].command: is required"],

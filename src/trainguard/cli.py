@@ -24,6 +24,7 @@ from trainguard.explain import (
     print_classification,
     print_explain,
 )
+from trainguard.frameworks import PRESETS
 from trainguard.ft_args import parse_ft_args
 from trainguard.liveness import reap_interrupted
 from trainguard.queries import Reader, StoreReader
@@ -67,7 +68,13 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", type=Path, help="job spec (YAML)")
     p.add_argument("--job-name", dest="name", help="the job's name")
     p.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
-    p.add_argument("--framework", help="pytorch (default) or generic")
+    p.add_argument("--framework", help=f"{', '.join(PRESETS)} (default pytorch)")
+    p.add_argument(
+        "--allow-partial",
+        action="store_const",
+        const=True,
+        help="batch: a shard that cannot be retried is given up and listed; the rest finish",
+    )
     p.add_argument("--success-policy", help="chief (default) or all")
     p.add_argument(
         "--from-checkpoint",
@@ -239,9 +246,10 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         if data.get("worker_pools"):
             problems.append("command: give either a spec with worker_pools or a command, not both")
         else:
-            pool: dict[str, Any] = {"role": "worker", "command": command}
-            pool["replicas"] = args.nproc if args.nproc is not None else 1
-            data["worker_pools"] = [pool]
+            name = args.framework or data.get("framework") or "pytorch"
+            replicas = args.nproc if args.nproc is not None else 1
+            if name in PRESETS:  # else the spec's check names the framework
+                data["worker_pools"] = PRESETS[name].pools_for(command, replicas)
     elif not data.get("worker_pools"):
         problems.append(
             "command: none given; put it after --, e.g. "
@@ -272,7 +280,7 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     if args.retryable_errors:
         ft["retryable_errors"] = [*ft.get("retryable_errors", []), *args.retryable_errors]
     data["fault_tolerance"] = ft
-    for key in ("name", "framework", "success_policy"):
+    for key in ("name", "framework", "success_policy", "allow_partial"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.initial_checkpoint is not None:
@@ -313,6 +321,7 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     """`fault_tolerance.max_num_of_job_restart: ...` also names the flag that set it."""
     flags = {f"fault_tolerance.{f}": flag for f, flag in _FT_FLAGS.items()}
     flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
+    flags["allow_partial"] = "--allow-partial"
     flags["gpu_inventory"] = "--gpus"
     flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
     flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from trainguard.frameworks import EnvContext, Preset
 from trainguard.spec import JobSpec
 
+# The replica whose success is the job's comes first (rank 0).
+_PRIMARY_ROLES = ("chief", "launcher")
+
 
 @dataclass(frozen=True)
 class ReplicaPlan:
@@ -19,7 +22,7 @@ class ReplicaPlan:
 
 
 def plan_replicas(spec: JobSpec) -> list[ReplicaPlan]:
-    pools = sorted(spec.worker_pools, key=lambda p: p.role != "chief")  # stable: chief first
+    pools = sorted(spec.worker_pools, key=lambda p: p.role not in _PRIMARY_ROLES)  # stable
     plans: list[ReplicaPlan] = []
     for pool in pools:
         for i in range(pool.replicas):
@@ -37,9 +40,9 @@ def plan_replicas(spec: JobSpec) -> list[ReplicaPlan]:
 
 
 def primary_replica(plans: list[ReplicaPlan]) -> str:
-    """The chief if there is one, else rank 0 (R-JOB-4)."""
+    """The chief (or an MPI launcher) if there is one, else rank 0 (R-JOB-4)."""
     for p in plans:
-        if p.role == "chief":
+        if p.role in _PRIMARY_ROLES:
             return p.name
     return plans[0].name
 

@@ -17,6 +17,7 @@ from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
 from trainguard.control import check_resumable
 from trainguard.errors import ResumeError
+from trainguard.frameworks import preset
 from trainguard.layout import plan_replicas
 from trainguard.liveness import master_identity, reap_interrupted
 from trainguard.master import Master, Outcome
@@ -140,14 +141,18 @@ def _master_run(
 
 
 def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
-    """The spec's backend: local processes, or actors on a Ray cluster."""
+    """The spec's backend (local processes, or actors on a Ray cluster), as the
+    framework wants it (mpi: behind mpirun)."""
+    backend: Backend
     if spec.backend == "ray":
         from trainguard.backends.ray import RayBackend
 
         res = {pool.role: pool.resources for pool in spec.worker_pools}
         needs = {p.name: res[p.role] for p in plan_replicas(spec)}
-        return RayBackend(needs, spec.ray, tee=tee)
-    return LocalBackend(tee=tee, preload=spec.preload)
+        backend = RayBackend(needs, spec.ray, tee=tee)
+    else:
+        backend = LocalBackend(tee=tee, preload=spec.preload)
+    return preset(spec.framework).wrap_backend(backend)
 
 
 def _server_rules() -> list[NotifyRule]:

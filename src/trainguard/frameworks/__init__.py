@@ -5,10 +5,13 @@ from __future__ import annotations
 from trainguard.frameworks.base import EnvContext, Preset
 from trainguard.frameworks.batch import Batch
 from trainguard.frameworks.generic import Generic
+from trainguard.frameworks.mpi import Mpi
 from trainguard.frameworks.pytorch import PyTorch
 from trainguard.frameworks.tensorflow import TensorFlow
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (PyTorch(), TensorFlow(), Batch(), Generic())}
+PRESETS: dict[str, Preset] = {
+    p.name: p for p in (PyTorch(), TensorFlow(), Mpi(), Batch(), Generic())
+}
 
 
 def preset(name: str) -> Preset:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from trainguard.policy import RolePolicy
 
 if TYPE_CHECKING:
+    from trainguard.backends.base import Backend
     from trainguard.layout import ReplicaPlan
     from trainguard.spec import JobSpec
 
@@ -67,6 +68,14 @@ class Preset:
                 if p.role not in self.roles
             ]
         return out
+
+    def pools_for(self, command: list[str], replicas: int) -> list[dict[str, Any]]:
+        """The worker pools of `trainguard run --nproc-per-node N -- COMMAND`."""
+        return [{"role": "worker", "replicas": replicas, "command": command}]
+
+    def wrap_backend(self, backend: Backend) -> Backend:
+        """The backend this framework's replicas run on (mpi puts its ranks behind it)."""
+        return backend
 
     def env(self, ctx: EnvContext) -> dict[str, str]:
         """The framework's variables; rank and world size are every preset's."""
