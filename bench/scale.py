@@ -19,8 +19,15 @@ state directory:
               mode K RestartReplica records and no new attempt. The job is then cancelled
               (SIGINT to the master: CANCELLED), and the cancel is timed too.
 
+    spawn     N replicas that cost nothing to start (`sleep`, exec'd through a link in the
+              temporary folder): times `run` -> first and -> all N exec'd (children of the
+              master that are `sleep` by now), i.e. the master's own cost per spawn, which
+              `restart` hides behind N Python start-ups on a machine with few cores; the
+              master's thread count with N running; then the cancel.
+
     python bench/scale.py overhead --replicas 64 --rate 1000 --seconds 20
     python bench/scale.py restart --replicas 256 --kill 10 --mode async
+    python bench/scale.py spawn --replicas 256 --runs 3
 
 With `--runs R` every figure is the median of R runs. Exit status 1 if a check failed.
 Every process started is stopped at the end (the master, then any leftover replica found
@@ -460,6 +467,7 @@ def overhead_once(args: argparse.Namespace, work: Path) -> OverheadResult:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
+    load = os.getloadavg()[0]  # before this bench adds its own
     results = []
     for i in range(args.runs):
         work = Path(tempfile.mkdtemp(prefix="tg-scale-overhead-"))
@@ -473,7 +481,8 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         print(f"run {i + 1}/{args.runs}: {results[-1].metrics['checks']}", file=sys.stderr)
     title = (
         f"master overhead: {args.replicas} replicas x {args.rate:g} lines/s x {args.seconds:g} s"
-        f" ({args.batch_ms:g} ms batches), {os.cpu_count()} cores, median of {args.runs} run(s)"
+        f" ({args.batch_ms:g} ms batches), {os.cpu_count()} cores, "
+        f"load average {load:.2f} before, median of {args.runs} run(s)"
     )
     keys = list(results[0].metrics)
     print_table(title, [(k, "", [r.metrics[k] for r in results]) for k in keys], args.runs)
@@ -696,6 +705,7 @@ def restart_once(args: argparse.Namespace, work: Path) -> RestartResult:
 def cmd_restart(args: argparse.Namespace) -> int:
     if not 0 < args.kill < args.replicas:
         sys.exit("scale.py: --kill must be between 1 and --replicas - 1 (rank 0 is spared)")
+    load = os.getloadavg()[0]  # before this bench adds its own
     results = []
     for i in range(args.runs):
         work = Path(tempfile.mkdtemp(prefix="tg-scale-restart-"))
@@ -709,7 +719,105 @@ def cmd_restart(args: argparse.Namespace) -> int:
         print(f"run {i + 1}/{args.runs}: {results[-1].metrics['checks']}", file=sys.stderr)
     title = (
         f"restart: {args.replicas} replicas, SIGKILL {args.kill} at once, {args.mode} mode, "
-        f"{os.cpu_count()} cores, median of {args.runs} run(s)"
+        f"{os.cpu_count()} cores, load average {load:.2f} before, "
+        f"median of {args.runs} run(s)"
+    )
+    keys: list[str] = []
+    for r in results:
+        keys += [key for key in r.metrics if key not in keys]
+    rows = [(key, "", [r.metrics.get(key, "-") for r in results]) for key in keys]
+    print_table(title, rows, args.runs)
+    problems = [p for r in results for p in r.problems]
+    for p in problems[:20]:
+        print(f"  PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+# ------------------------------------------------------------------ spawn
+
+
+def children_named(pid: int, comm: str) -> int:
+    """How many children of `pid` (any of its threads) run a program called `comm`."""
+    kids: list[str] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
+                kids += fh.read().split()
+    count = 0
+    for kid in kids:
+        with contextlib.suppress(OSError), open(f"/proc/{kid}/comm") as fh:
+            count += fh.read().strip() == comm
+    return count
+
+
+def spawn_once(args: argparse.Namespace, work: Path) -> RestartResult:
+    res = RestartResult()
+    n = args.replicas
+    home = work / "home"
+    program = work / "sleep"  # a link, so that leftovers name this run's folder
+    found = shutil.which("sleep")
+    if found is None:
+        res.problems.append("no `sleep` program on PATH")
+        return res
+    program.symlink_to(found)
+    flags = ["--job-name", "scale-spawn"]
+    store = StoreView(home)
+    out = open(work / "master.out", "wb")  # noqa: SIM115 - closed below
+    m = res.metrics
+    t_start = time.time()
+    master = subprocess.Popen(
+        master_cmd(home, n, flags, [str(program), "100000"]), stdout=out, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for("the first replica", lambda: children_named(master.pid, "sleep") > 0, 60, 0.002)
+        t_first = time.time()
+        wait_for(f"{n} replicas", lambda: children_named(master.pid, "sleep") >= n, 120, 0.002)
+        t_all = time.time()
+        m["replicas"] = float(n)
+        m["run -> first replica exec'd (s)"] = t_first - t_start
+        m["run -> all replicas exec'd (s)"] = t_all - t_start
+        m["first -> all exec'd, per replica (ms)"] = 1000 * (t_all - t_first) / max(1, n - 1)
+        sample = proc_sample(master.pid)
+        m["master threads with N running"] = float(sample.threads) if sample else float("nan")
+        t_cancel = time.time()
+        master.send_signal(signal.SIGINT)
+        try:
+            master.wait(timeout=120)
+            m["cancel (SIGINT) -> master exited (s)"] = time.time() - t_cancel
+        except subprocess.TimeoutExpired:
+            res.problems.append("the master did not exit within 120 s of SIGINT")
+        state = (store.job() or {}).get("state")
+        m["final job state"] = state
+        if state != "CANCELLED":
+            res.problems.append(f"job state {state} after the cancel, expected CANCELLED")
+    except TimeoutError as exc:
+        res.problems.append(str(exc))
+    finally:
+        store.close()
+        left = stop_all(master, str(work))
+        out.close()
+    if left:
+        res.problems.append(f"{len(left)} process(es) left behind and killed: {left}")
+    m["checks"] = "ok" if not res.problems else f"{len(res.problems)} problem(s)"
+    return res
+
+
+def cmd_spawn(args: argparse.Namespace) -> int:
+    load = os.getloadavg()[0]  # before this bench adds its own
+    results = []
+    for i in range(args.runs):
+        work = Path(tempfile.mkdtemp(prefix="tg-scale-spawn-"))
+        try:
+            results.append(spawn_once(args, work))
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                print(f"kept {work}")
+        print(f"run {i + 1}/{args.runs}: {results[-1].metrics['checks']}", file=sys.stderr)
+    title = (
+        f"spawn: {args.replicas} `sleep` replicas, {os.cpu_count()} cores, "
+        f"load average {load:.2f} before, median of {args.runs} run(s)"
     )
     keys: list[str] = []
     for r in results:
@@ -740,11 +848,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--mode", choices=("sync", "async"), default="sync")
     r.add_argument("--timeout", type=float, default=180, help="for each wait")
     r.add_argument("--settle", type=float, default=2.0, help="wait before counting records")
-    for sp in (o, r):
+    s = sub.add_parser("spawn", help="the master's own cost per spawn: replicas that exec sleep")
+    s.add_argument("--replicas", type=int, default=256)
+    for sp in (o, r, s):
         sp.add_argument("--runs", type=int, default=1)
         sp.add_argument("--keep", action="store_true", help="keep the temporary folders")
     args = p.parse_args(argv)
-    return cmd_overhead(args) if args.cmd == "overhead" else cmd_restart(args)
+    commands = {"overhead": cmd_overhead, "restart": cmd_restart, "spawn": cmd_spawn}
+    return commands[args.cmd](args)
 
 
 if __name__ == "__main__":

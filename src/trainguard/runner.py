@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from trainguard.backends.base import Backend
 from trainguard.backends.local import LocalBackend
+from trainguard.childwatch import pidfd_child_watcher
 from trainguard.control import check_resumable
 from trainguard.errors import ResumeError
 from trainguard.frameworks import preset
@@ -168,7 +169,8 @@ async def _supervise(master: Master) -> Outcome:
     for sig, why in _CANCEL_SIGNALS:
         loop.add_signal_handler(sig, master.cancel, f"cancelled ({why})")
     try:
-        return await master.run()
+        with pidfd_child_watcher(loop):
+            return await master.run()
     finally:
         for sig, _ in _CANCEL_SIGNALS:
             loop.remove_signal_handler(sig)

@@ -2,47 +2,125 @@
 
 The master writes `+PGID` / `-PGID` lines on the guardian's stdin as replica process
 groups come and go. When stdin reaches EOF (the master is gone, whatever the cause),
-the guardian SIGKILLs every group still listed. Replicas also carry PR_SET_PDEATHSIG,
-but that reaches only the direct child; the guardian reaches the whole group.
+the guardian SIGKILLs every group still listed. Unlike PR_SET_PDEATHSIG, this reaches
+the whole group, not only the direct child, and it needs no code in the child between
+fork and exec (a `preexec_fn` would make CPython fork() the whole master instead of
+vfork(): see `LocalBackend._spawn`).
+
+The window between a fork and the `+PGID` line. A replica started with
+`subprocess` (vfork + exec) exists before the master knows its pid, so a master killed
+in between could leave it behind, unlisted. That window is covered too:
+
+- Before each such spawn the master writes `?`, and after it `=PID` (the spawn made
+  PID: watch its group) or `.` (it made nothing). The guardian counts the spawns that
+  are announced but not answered.
+- Each replica started this way carries `TRAINGUARD_GUARDIAN=<token>` in its
+  environment, the token being this guardian's own (random, never shown elsewhere).
+- At EOF, if some spawn was never answered, the master died in the window. The
+  guardian then also SIGKILLs the process group of every process (of its user) whose
+  environment, as exec'd (/proc/PID/environ), holds the token, and looks again, less and
+  less often, for `_STRAY_WAIT_S`: a child caught between vfork and exec still shows the
+  master's environment, but it execs (or dies) within moments. Only replicas and what
+  they started carry the token, and a replica's descendants can only join groups of
+  its own session, so no other process is touched.
+
+So whatever instant the master dies at, every replica it started is either listed, or
+unanswered and found by its token. Replicas the preload zygote forks carry no token: they
+are listed (`+PGID`) as soon as their pid is known, and until then they die with the
+zygote (PR_SET_PDEATHSIG), which dies with the master.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
 
+TOKEN_ENV = "TRAINGUARD_GUARDIAN"
+"""The environment variable that marks a replica as started under one guardian."""
+
+_STRAY_WAIT_S = 3.0
+
 _SCRIPT = r"""
-import os, signal, sys
+import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+needle = b"\0" + sys.argv[1].encode() + b"=" + sys.argv[2].encode() + b"\0"
+wait_s = float(sys.argv[3])
 groups = set()
+unanswered = 0
 for line in sys.stdin:
     line = line.strip()
     if line.startswith("+"):
         groups.add(int(line[1:]))
     elif line.startswith("-"):
         groups.discard(int(line[1:]))
+    elif line == "?":
+        unanswered += 1
+    elif line.startswith("="):
+        unanswered = max(0, unanswered - 1)
+        groups.add(int(line[1:]))
+    elif line == ".":
+        unanswered = max(0, unanswered - 1)
 for g in groups:
     try:
         os.killpg(g, signal.SIGKILL)
     except OSError:
         pass
+
+
+def strays():
+    # The process groups of this user's processes whose environment holds the token.
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as fh:
+                env = b"\0" + fh.read()
+            if needle in env:
+                found.add(os.getpgid(int(entry)))
+        except OSError:
+            continue
+    return found
+
+
+if unanswered > 0:  # the master died while starting a replica: look for it by its token
+    killed = set(groups)
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        for g in strays() - killed:
+            killed.add(g)
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
 """
 
 
 class Guardian:
     def __init__(self) -> None:
+        self.token = secrets.token_hex(16)
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT],
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, TOKEN_ENV, self.token, str(_STRAY_WAIT_S)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl+C in the terminal must not reach it
             text=True,
         )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def _send(self, line: str) -> None:
         stdin = self._proc.stdin
@@ -59,6 +137,15 @@ class Guardian:
 
     def forget(self, pgid: int) -> None:
         self._send(f"-{pgid}")
+
+    def spawning(self) -> None:
+        """A replica carrying `TOKEN_ENV=token` is about to be started: answer with
+        `spawned` once its pid is known (or it failed), whatever happens in between."""
+        self._send("?")
+
+    def spawned(self, pgid: int | None) -> None:
+        """Answer an announced spawn: it made the group `pgid` (now watched), or nothing."""
+        self._send("." if pgid is None else f"={pgid}")
 
     def close(self) -> None:
         if self._proc.stdin and not self._proc.stdin.closed:

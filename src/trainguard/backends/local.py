@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from trainguard.backends._guardian import Guardian
+from trainguard.backends._guardian import TOKEN_ENV, Guardian
 from trainguard.backends.base import (
     BackendEvent,
     Launch,
@@ -34,24 +33,6 @@ from trainguard.snapshot import snapshot_all
 from trainguard.stacks import ReplicaSnapshot
 
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _libc: Any = ctypes.CDLL(None, use_errno=True)
-except OSError:  # pragma: no cover - not Linux
-    _libc = None
-
-
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """Runs in the child between fork and exec: die with the master."""
-
-    def setup() -> None:
-        if _libc is not None:
-            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the master died before prctl took effect
-            os._exit(137)
-
-    return setup
 
 
 def _already_exited(pid: int) -> bool:
@@ -195,6 +176,8 @@ class LocalBackend:
             return
         finally:
             os.close(w)
+        assert self._guardian is not None
+        self._guardian.watch(run.pid)
         self._forked[run.pid] = run
         if run.pid in self._early_exits:  # it exited before we knew its pid
             self._forked_exit(run.pid, self._early_exits.pop(run.pid))
@@ -214,7 +197,24 @@ class LocalBackend:
         run.exited.set()
 
     async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
+        """Start one replica as a child process in a new session (its own group).
+
+        No `preexec_fn`: with one, CPython's `_posixsubprocess` must fork() the whole
+        master (page tables, and every thread's locks in an undefined state) and run
+        Python in the child; without one, and with only `start_new_session` (setsid in
+        the child), it uses vfork() + exec, which costs the same however large the
+        master is. What the preexec did (PR_SET_PDEATHSIG, so that a master killed by
+        SIGKILL takes the replica along) is the guardian's job instead, and it keeps
+        the window between the fork and `+PID` closed: the spawn is announced before
+        the fork and answered after it, and the child carries the guardian's token in
+        its environment, so a master that dies in between leaves an unanswered spawn,
+        and the guardian finds the replica by its token (see `_guardian`).
+        """
+        guardian = self._guardian
+        assert guardian is not None
         run = _Run(launch, self._tee, self._on_output)
+        guardian.spawning()
+        pid: int | None = None
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: _Protocol(self, run),
@@ -222,15 +222,17 @@ class LocalBackend:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                env=launch.env,
+                env={**launch.env, TOKEN_ENV: guardian.token},
                 cwd=launch.cwd,
                 start_new_session=True,
-                preexec_fn=_child_setup(os.getpid()),
             )
+            pid = transport.get_pid()
         except OSError as exc:
             run.output.close()
             self._emit(self._spawn_failed(launch, exc))
             return
+        finally:
+            guardian.spawned(pid)  # from here on the guardian has its group
         run.transport = transport
         run.pid = transport.get_pid()
         self._started(run)
@@ -238,8 +240,6 @@ class LocalBackend:
     def _started(self, run: _Run) -> None:
         launch = run.launch
         self._runs[launch.replica] = run
-        assert self._guardian is not None
-        self._guardian.watch(run.pid)
         self._emit(
             ReplicaStarted(launch.attempt, launch.replica, launch.restart, run.pid, time.time())
         )
