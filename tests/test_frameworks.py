@@ -91,7 +91,7 @@ def test_pytorch_is_the_default_and_gives_the_torchrun_environment() -> None:
     ("framework", "mode", "success"),
     [
         ("pytorch", ExecutionMode.SYNC, SuccessPolicy.CHIEF),
-        ("tensorflow", ExecutionMode.ASYNC, SuccessPolicy.CHIEF),
+        ("tensorflow", ExecutionMode.SYNC, SuccessPolicy.CHIEF),  # no ps: MWMS
         ("batch", ExecutionMode.ASYNC, SuccessPolicy.ALL),
         ("generic", ExecutionMode.SYNC, SuccessPolicy.CHIEF),
     ],
@@ -137,6 +137,11 @@ def test_a_job_that_does_not_fit_its_framework_is_refused(
 
 def test_every_preset_is_in_the_table_under_its_own_name() -> None:
     assert all(name == p.name for name, p in PRESETS.items())
+
+
+def test_tensorflow_with_parameter_servers_is_async() -> None:
+    spec = _spec("tensorflow", TF_POOLS)
+    assert spec.fault_tolerance.execution_mode is ExecutionMode.ASYNC
 
 
 def _decide(framework: str, role: str, kind: str, **extra: Any) -> Any:

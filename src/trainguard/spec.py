@@ -237,8 +237,10 @@ class JobSpec(_Model):
         if preset is None:
             return data  # the field validator names it
         ft = data.get("fault_tolerance") or {}
-        if preset.ft_defaults and isinstance(ft, dict):
-            data = {**data, "fault_tolerance": {**preset.ft_defaults, **ft}}
+        pools = data.get("worker_pools")
+        defaults = preset.ft_defaults_for(pools if isinstance(pools, list) else [])
+        if defaults and isinstance(ft, dict):
+            data = {**data, "fault_tolerance": {**defaults, **ft}}
         if preset.success_policy and data.get("success_policy") is None:
             data = {**data, "success_policy": preset.success_policy}
         return data

@@ -8,7 +8,7 @@ and one line in the table of `trainguard.frameworks`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,6 +51,10 @@ class Preset:
     # Whether every replica needs a stable address of its own (TensorFlow's cluster spec).
     task_addresses = False
     backends: frozenset[str] = frozenset({"local", "ray"})
+
+    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
+        """The fault_tolerance defaults for a job of these pools (raw spec data)."""
+        return self.ft_defaults
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         return RolePolicy()

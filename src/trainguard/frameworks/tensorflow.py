@@ -3,21 +3,22 @@
 Every task has one address for the job's whole life, so a worker restarted alone finds
 the same cluster and the others find it again (ParameterServerStrategy's coordinator
 waits for a lost worker to come back). The evaluator is not part of the cluster, as in
-TensorFlow's own convention, and its failure never ends training. Async by default: a
-worker restarts alone; a chief or ps failure restarts the whole job (or fails it when
-job restarts are off).
+TensorFlow's own convention, and its failure never ends training. With a ps pool the job
+is async by default: a worker restarts alone; a chief or ps failure restarts the whole
+job (or fails it when job restarts are off). Without a ps pool (MultiWorkerMirrored-
+Strategy) it is sync: a worker restarted alone cannot rejoin its peers' collective.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from trainguard.frameworks.base import EnvContext, Preset
 from trainguard.policy import RolePolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from trainguard.spec import JobSpec
 
@@ -34,9 +35,14 @@ VERTEX_POOLS = {
 class TensorFlow(Preset):
     name = "tensorflow"
     roles = frozenset({*CLUSTER_ROLES, "evaluator"})
-    ft_defaults: ClassVar[Mapping[str, Any]] = {"execution_mode": "async"}
     task_addresses = True
     backends = frozenset({"local"})
+
+    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
+        """Async with parameter servers (a worker restarted alone rejoins); sync without
+        (MultiWorkerMirroredStrategy: a worker restarted alone cannot join the others)."""
+        ps = any(isinstance(p, dict) and p.get("role") == "ps" for p in pools)
+        return {"execution_mode": "async" if ps else "sync"}
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         return RolePolicy(alone=frozenset({"worker"}), optional=frozenset({"evaluator"}))
