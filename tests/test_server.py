@@ -306,6 +306,7 @@ def test_submit_without_a_server_says_how_to_get_one(tg: TG, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_gpu_ids_from_the_quota_are_handed_out_per_job(server_factory: Any, tmp_path: Path) -> None:
     srv = server_factory("--cpus", "4", "--gpus", "0,1,2")
+    gate = tmp_path / "gate"
     spec = tmp_path / "gpu.yaml"
     spec.write_text(
         yaml.safe_dump(
@@ -315,15 +316,18 @@ def test_gpu_ids_from_the_quota_are_handed_out_per_job(server_factory: Any, tmp_
                     {
                         "replicas": 1,
                         "resources": {"gpus": 1},
-                        "command": child("*:env:CUDA_VISIBLE_DEVICES", "*:sleep:2"),
+                        "command": child("*:env:CUDA_VISIBLE_DEVICES", f"*:wait-file:{gate}"),
                     }
                 ],
             }
         )
     )
     ids = [srv.submit("-f", str(spec)) for _ in range(4)]
-    wait_for(lambda: srv.state(ids[2]) == "RUNNING", 30, "three jobs on three GPUs")
+    wait_for(
+        lambda: all(srv.state(i) == "RUNNING" for i in ids[:3]), 30, "three jobs on three GPUs"
+    )
     assert srv.json("status", ids[3])["queued_reason"] == "waiting for 1 gpus, 0 free"
+    gate.touch()  # the three finish; the fourth gets a GPU
     seen = []
     for job_id in ids:
         assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"

@@ -4,6 +4,7 @@
     WHO   *  every rank | N  rank N | N@A  rank N on attempt A only | *@A
     VERB  print:TEXT  sleep:SECONDS  exit:CODE  signal:NAME  raise:EXCEPTION
           pidfile:PATH (write own pid to PATH.<rank>)  forever (sleep until killed)
+          wait-file:PATH (sleep until PATH exists)
           trap-term (ignore SIGTERM)  keyword:REGEX (sdk.set_retryable_errors)
           scoped-sleep:LIMIT:SECONDS (sleep inside sdk.hang_detect(LIMIT))
           message:TEXT (sdk.send_custom_message)  env:NAME (print a variable)
@@ -37,6 +38,9 @@ for action in sys.argv[1:]:
         print(arg.replace("{rank}", str(rank)).replace("{attempt}", str(attempt)), flush=True)
     elif verb == "sleep":
         time.sleep(float(arg))
+    elif verb == "wait-file":  # until the test creates PATH
+        while not os.path.exists(arg):
+            time.sleep(0.02)
     elif verb == "forever":
         while True:
             time.sleep(3600)
