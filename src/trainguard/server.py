@@ -11,6 +11,7 @@ from pathlib import Path
 import uvicorn
 
 from trainguard.api import create_app
+from trainguard.childwatch import pidfd_child_watcher
 from trainguard.server_config import ServerConfig
 from trainguard.service import Service
 from trainguard.store import Store
@@ -25,6 +26,11 @@ def serve(config: ServerConfig, home: Path | None) -> int:
 
 
 async def _serve(service: Service, config: ServerConfig) -> int:
+    with pidfd_child_watcher(asyncio.get_running_loop()):  # no thread per job's master
+        return await _serve_on(service, config)
+
+
+async def _serve_on(service: Service, config: ServerConfig) -> int:
     app = create_app(service)
     server = uvicorn.Server(
         uvicorn.Config(
