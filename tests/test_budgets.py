@@ -282,3 +282,16 @@ def test_budget_edges(
     d = decide_failure(settings, b, _failure(failure), world_size=10)
     assert type(d) is expected, describe(d)
     assert why in (describe(d) if not isinstance(d, FailJob) else d.reason)
+
+
+def test_tally_counts_like_a_dict_through_many_folds() -> None:
+    from trainguard.policy import Tally
+
+    tally, expected = Tally(), {}
+    for i in range(300):
+        key = f"worker-{i % 7}:f{i % 3}"
+        tally, before = tally.plus(key), tally
+        expected[key] = expected.get(key, 0) + 1
+        assert before.get(key, 0) == expected[key] - 1  # the old value is unchanged
+    assert dict(tally) == expected and len(tally) == len(expected)
+    assert tally.get("nobody", 0) == 0 and Tally() == {}
