@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.cli import _parser, _split_command, build_spec
+from trainguard.cli import _parser
 from trainguard.errors import SpecError
 from trainguard.ft_args import parse_ft_args
 from trainguard.spec import (
@@ -17,6 +17,7 @@ from trainguard.spec import (
     SuccessPolicy,
     validate_spec,
 )
+from trainguard.spec_flags import build_spec, split_command
 
 POOL = {"command": ["python", "train.py"]}
 
@@ -131,7 +132,7 @@ def test_parse_ft_args_reports_every_problem() -> None:
 
 def _build(*argv: str) -> JobSpec:
     """What `trainguard run ARGV` builds (as cli.main splits and parses it)."""
-    head, command = _split_command(["run", *argv])
+    head, command = split_command(["run", *argv])
     args = _parser().parse_args(head)
     command = command or [c for c in args.command if c != "--"]
     return build_spec(args, command)
@@ -350,3 +351,16 @@ def test_build_spec_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "missing.yaml"
     problems = _build_problems("-f", str(path), "--", "python", "x.py")
     assert problems == [f"{path}: cannot read the job spec (No such file or directory)"]
+
+
+def test_an_unknown_framework_is_the_only_problem_named() -> None:
+    assert _build_problems("--framework", "nope", "--nproc", "2", "--", "python", "x.py") == [
+        "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch' or 'generic', "
+        "got 'nope' (from --framework)"
+    ]
+
+
+def test_mpi_from_the_command_line_gets_a_launcher_and_its_ranks() -> None:
+    spec = _build("--framework", "mpi", "--nproc", "3", "--", "python", "x.py")
+    pools = [(p.role, p.replicas, p.command) for p in spec.worker_pools]
+    assert pools == [("launcher", 1, ["mpirun"]), ("worker", 3, ["python", "x.py"])]
