@@ -22,6 +22,8 @@ from trainguard.store import Store
 class FakeBackend:
     """Starts nothing; reports what a test tells it, in the order it is told."""
 
+    preload_note: str | None = None
+
     def __init__(self, fail_start: bool = False) -> None:
         self.emit: Callable[[BackendEvent], None] = lambda _e: None
         self.launches: list[Launch] = []

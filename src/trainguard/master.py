@@ -343,7 +343,7 @@ class Master:
         if self._pending is not None:
             self._pending.start_begin_s = self.clock()
         await self.backend.start([self._launch(r) for r in self.replicas.values()])
-        note = getattr(self.backend, "preload_note", None)  # the local backend's warm start
+        note = self.backend.preload_note
         if note and self.attempt == 0:
             self.say(note)
 

@@ -65,6 +65,11 @@ BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
 
 
 class Backend(Protocol):
+    @property
+    def preload_note(self) -> str | None:
+        """What the warm start did (or why it is off), for the master to say once; None
+        where the backend has no warm start."""
+
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         """Where to send events; called once before anything starts."""
 

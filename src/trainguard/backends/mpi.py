@@ -249,7 +249,7 @@ class MpiBackend:
 
     @property
     def preload_note(self) -> str | None:
-        return getattr(self._inner, "preload_note", None)
+        return self._inner.preload_note
 
 
 def _is_launcher(launch: Launch) -> bool:

@@ -71,6 +71,8 @@ class _Run:
 
 
 class RayBackend:
+    preload_note: str | None = None  # no warm start on Ray (yet)
+
     def __init__(
         self,
         needs: Mapping[str, Resources],
