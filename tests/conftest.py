@@ -50,6 +50,11 @@ class TG:
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
 
+    def status_or_none(self, job: str) -> dict[str, Any] | None:
+        """`status --json` of a job, or None while it does not exist yet."""
+        res = self("status", job, "--json")
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
     def only_job(self) -> dict[str, Any]:
         jobs = self.json("jobs")
         assert len(jobs) == 1, jobs
@@ -90,3 +95,12 @@ def read_pid(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text else None
+
+
+def needs(missing: str | None, what: str) -> pytest.MarkDecorator:
+    """Skip where a real part is missing (and say so), except under CI, where the tests
+    run and fail instead: a missing install step must not pass green."""
+    ci = os.environ.get("CI") == "true"
+    if missing and not ci:
+        print(f"{what}: skipped: {missing}", file=sys.stderr)
+    return pytest.mark.skipif(missing is not None and not ci, reason=str(missing))

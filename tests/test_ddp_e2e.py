@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,6 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
 
     pid = wait_for(rank1_at_step_30, timeout=120, what="rank 1 to reach step 30")
     os.kill(pid, signal.SIGKILL)
-    t_kill = time.time()
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
 
@@ -79,7 +77,6 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
     assert "resumed from step" in log0
     assert _same_weights(baseline, tmp_path / "faulty.pt")
     print(f"recovered; restart record phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")
-    assert t_kill > 0
 
 
 def test_a_bug_on_one_rank_fails_the_job_once_whatever_its_peer_prints(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -40,11 +39,6 @@ def _job(tmp_path: Path, name: str, *args: str) -> str:
     return str(path)
 
 
-def _status(tg: TG, name: str) -> dict[str, Any] | None:
-    res = tg("status", name, "--json")
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
 def _runs(tg: TG, job_id: str) -> list[dict[str, object]]:
     return Store(tg.home).runs_of(job_id)
 
@@ -58,7 +52,7 @@ def test_a_killed_rank_restarts_the_mpi_job_which_ends_as_if_unbroken(
     proc = tg.start("run", "--quiet", "-f", _job(tmp_path, "broken", *args))
     status = wait_for(
         lambda: (
-            (s := _status(tg, "broken"))
+            (s := tg.status_or_none("broken"))
             and any(r["name"] == "worker-1" and r["pid"] for r in s["replicas"])
             and s
         ),

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, alive, wait_for
+from conftest import ROOT, alive, needs, wait_for
 
 from trainguard.mpi_launch import (
     ALLOW_ROOT_ENV,
@@ -411,12 +411,7 @@ def _mpi_missing() -> str | None:
     return None
 
 
-MPI_MISSING = _mpi_missing()
-if MPI_MISSING and os.environ.get("CI") != "true":
-    print(f"test_mpi_launch: real-MPI tests skip: {MPI_MISSING}", file=sys.stderr)
-requires_mpi = pytest.mark.skipif(
-    MPI_MISSING is not None and os.environ.get("CI") != "true", reason=str(MPI_MISSING)
-)
+requires_mpi = needs(_mpi_missing(), "the real-MPI tests")
 
 
 class MpiRun:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, TG, wait_for
+from conftest import ROOT, TG, needs, wait_for
 
 from trainguard.store import Store
 
@@ -30,15 +30,7 @@ def _tf_missing() -> str | None:
     return None
 
 
-TF_MISSING = _tf_missing()
-if TF_MISSING and os.environ.get("CI") != "true":
-    print(f"test_tf_e2e: skipped: {TF_MISSING}", file=sys.stderr)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        TF_MISSING is not None and os.environ.get("CI") != "true", reason=str(TF_MISSING)
-    ),
-]
+pytestmark = [pytest.mark.slow, needs(_tf_missing(), "the TensorFlow tests")]
 
 
 def _job(tmp_path: Path, name: str, example: str, pools: dict[str, int], *args: str) -> str:
@@ -55,11 +47,6 @@ def _job(tmp_path: Path, name: str, example: str, pools: dict[str, int], *args: 
     return str(path)
 
 
-def _status(tg: TG, name: str) -> dict[str, Any] | None:
-    res = tg("status", name, "--json")
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
 def _replica(status: dict[str, Any], name: str) -> dict[str, Any]:
     (rep,) = [r for r in status["replicas"] if r["name"] == name]
     return rep
@@ -72,7 +59,7 @@ def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: P
     proc = tg.start("run", "--quiet", "-f", _job(tmp_path, "ps", "tf_ps.py", pools, *args))
     try:
         status = wait_for(
-            lambda: (s := _status(tg, "ps")) and s["state"] == "RUNNING" and s, 120, "a run"
+            lambda: (s := tg.status_or_none("ps")) and s["state"] == "RUNNING" and s, 120, "a run"
         )
         chief_log = Path(_replica(status, "chief-0")["log_path"])
         wait_for(lambda: "step 50 " in chief_log.read_text(), 120, "the chief at step 50")
@@ -80,7 +67,9 @@ def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: P
         config = _tf_config(int(before["pid"]))
         os.kill(int(before["pid"]), signal.SIGKILL)
         again = wait_for(
-            lambda: (s := _status(tg, "ps")) and _replica(s, "worker-1")["restart"] == 1 and s,
+            lambda: (
+                (s := tg.status_or_none("ps")) and _replica(s, "worker-1")["restart"] == 1 and s
+            ),
             60,
             "worker-1 to restart",
         )
