@@ -123,7 +123,7 @@ def test_each_preset_has_its_defaults_and_the_spec_overrides_them(
         ),
         (
             {"allow_partial": True, "worker_pools": [{"command": ["x"]}]},
-            "allow_partial: only a batch job can succeed in part",
+            "allow_partial: a pytorch job cannot succeed in part",
         ),
     ],
 )

@@ -262,8 +262,8 @@ class JobSpec(_Model):
         from trainguard.frameworks import PRESETS
 
         problems = PRESETS[self.framework].problems(self)
-        if self.allow_partial and self.framework != "batch":
-            problems.append("allow_partial: only a batch job can succeed in part")
+        if self.allow_partial and not PRESETS[self.framework].partial_results:
+            problems.append(f"allow_partial: a {self.framework} job cannot succeed in part")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -51,6 +51,8 @@ class Preset:
     # Whether every replica needs a stable address of its own (TensorFlow's cluster spec).
     task_addresses = False
     backends: frozenset[str] = frozenset({"local", "ray"})
+    # Whether `allow_partial` makes sense: replicas whose results stand alone (shards).
+    partial_results = False
 
     def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
         """The fault_tolerance defaults for a job of these pools (raw spec data)."""

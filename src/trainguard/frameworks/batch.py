@@ -28,6 +28,7 @@ class Batch(Preset):
         "max_node_lost_restarts": "unlimited",
     }
     success_policy = "all"
+    partial_results = True
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         # Every role is a shard.
