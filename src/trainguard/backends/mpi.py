@@ -68,6 +68,8 @@ class _Job:
     pid: int | None = None
     stop_requested: bool = False
     task: asyncio.Task[None] | None = None
+    find_every_s: float = _POLL_S  # grows while ranks stay missing: /proc walks cost CPU
+    next_find_s: float = 0.0
 
 
 class MpiBackend:
@@ -123,7 +125,10 @@ class MpiBackend:
         """Until mpirun exits: find the ranks, split the output, note which ranks vanished."""
         while self._job is job:
             self._read(job)
-            if job.pid is not None and any(r.pid is None for r in job.ranks.values()):
+            missing = any(r.pid is None for r in job.ranks.values())
+            if job.pid is not None and missing and time.monotonic() >= job.next_find_s:
+                job.find_every_s = min(2.0, job.find_every_s * 1.2)  # a rank may never show
+                job.next_find_s = time.monotonic() + job.find_every_s
                 found = await asyncio.to_thread(find_ranks, job.pid)
                 for index, pid in found.items():
                     rank = job.ranks.get(index)
