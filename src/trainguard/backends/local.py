@@ -32,6 +32,8 @@ from trainguard.oom import oom_kill_count
 from trainguard.snapshot import snapshot_all
 from trainguard.stacks import ReplicaSnapshot
 
+_DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
+_TRACEBACK = "Traceback (most recent call last):"
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 
 
@@ -42,6 +44,10 @@ def _already_exited(pid: int) -> bool:
     except ChildProcessError:
         return True
     return info is not None
+
+
+def _printed_traceback(run: _Run) -> bool:
+    return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -319,6 +325,14 @@ class LocalBackend:
         runs = [self._runs[r] for r in replicas if r in self._runs]
         if not runs:
             return
+        # One that has printed a traceback is most likely exiting of its own error (Python
+        # with torch can take a while to shut down, and its peers fail first on the closed
+        # connection): let it end on its own, so its own exit is its cause, not our stop.
+        dying = [r for r in runs if not r.exited.is_set() and _printed_traceback(r)]
+        if dying:
+            await asyncio.wait(
+                [asyncio.ensure_future(r.exited.wait()) for r in dying], timeout=_DYING_S
+            )
         for run in runs:
             # One that already died on its own (a zombie not yet reaped) keeps its own
             # exit: it may be the root cause, and is not the master's doing.
