@@ -702,35 +702,47 @@ def restart_once(args: argparse.Namespace, work: Path) -> RestartResult:
     return res
 
 
-def cmd_restart(args: argparse.Namespace) -> int:
-    if not 0 < args.kill < args.replicas:
-        sys.exit("scale.py: --kill must be between 1 and --replicas - 1 (rank 0 is spared)")
-    load = os.getloadavg()[0]  # before this bench adds its own
+def _runs_and_table(
+    args: argparse.Namespace,
+    once: Callable[[argparse.Namespace, Path], RestartResult],
+    prefix: str,
+    title: str,
+    load: float,
+) -> int:
+    """Run `once` --runs times in fresh folders, then one table of their metrics."""
     results = []
     for i in range(args.runs):
-        work = Path(tempfile.mkdtemp(prefix="tg-scale-restart-"))
+        work = Path(tempfile.mkdtemp(prefix=f"tg-scale-{prefix}-"))
         try:
-            results.append(restart_once(args, work))
+            results.append(once(args, work))
         finally:
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
             else:
                 print(f"kept {work}")
         print(f"run {i + 1}/{args.runs}: {results[-1].metrics['checks']}", file=sys.stderr)
-    title = (
-        f"restart: {args.replicas} replicas, SIGKILL {args.kill} at once, {args.mode} mode, "
-        f"{os.cpu_count()} cores, load average {load:.2f} before, "
-        f"median of {args.runs} run(s)"
-    )
     keys: list[str] = []
     for r in results:
         keys += [key for key in r.metrics if key not in keys]
     rows = [(key, "", [r.metrics.get(key, "-") for r in results]) for key in keys]
-    print_table(title, rows, args.runs)
+    print_table(
+        f"{title}, load average {load:.2f} before, median of {args.runs} run(s)", rows, args.runs
+    )
     problems = [p for r in results for p in r.problems]
     for p in problems[:20]:
         print(f"  PROBLEM: {p}")
     return 1 if problems else 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    if not 0 < args.kill < args.replicas:
+        sys.exit("scale.py: --kill must be between 1 and --replicas - 1 (rank 0 is spared)")
+    load = os.getloadavg()[0]  # before this bench adds its own
+    title = (
+        f"restart: {args.replicas} replicas, SIGKILL {args.kill} at once, {args.mode} mode, "
+        f"{os.cpu_count()} cores"
+    )
+    return _runs_and_table(args, restart_once, "restart", title, load)
 
 
 # ------------------------------------------------------------------ spawn
@@ -804,30 +816,8 @@ def spawn_once(args: argparse.Namespace, work: Path) -> RestartResult:
 
 def cmd_spawn(args: argparse.Namespace) -> int:
     load = os.getloadavg()[0]  # before this bench adds its own
-    results = []
-    for i in range(args.runs):
-        work = Path(tempfile.mkdtemp(prefix="tg-scale-spawn-"))
-        try:
-            results.append(spawn_once(args, work))
-        finally:
-            if not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
-            else:
-                print(f"kept {work}")
-        print(f"run {i + 1}/{args.runs}: {results[-1].metrics['checks']}", file=sys.stderr)
-    title = (
-        f"spawn: {args.replicas} `sleep` replicas, {os.cpu_count()} cores, "
-        f"load average {load:.2f} before, median of {args.runs} run(s)"
-    )
-    keys: list[str] = []
-    for r in results:
-        keys += [key for key in r.metrics if key not in keys]
-    rows = [(key, "", [r.metrics.get(key, "-") for r in results]) for key in keys]
-    print_table(title, rows, args.runs)
-    problems = [p for r in results for p in r.problems]
-    for p in problems[:20]:
-        print(f"  PROBLEM: {p}")
-    return 1 if problems else 0
+    title = f"spawn: {args.replicas} `sleep` replicas, {os.cpu_count()} cores"
+    return _runs_and_table(args, spawn_once, "spawn", title, load)
 
 
 # ------------------------------------------------------------------ main
