@@ -56,7 +56,8 @@ def test_user_error_fails_on_the_first_attempt_with_the_log_tail(tg: TG) -> None
 def test_transient_signals_retry_3_times_then_fail(
     tg: TG, action: str, code: int, reason: str
 ) -> None:
-    rc, _ = run(tg, actions=(action, "*:sleep:5"))
+    """Each attempt crashes at a later step: transient, so the class budget decides."""
+    rc, _ = run(tg, actions=("*:print:step {attempt}0 loss 0.5", action, "*:sleep:5"))
     assert rc == 1
     job = tg.only_job()
     assert (job["state"], job["attempts"], job["restarts"]) == ("FAILED", 4, 3)
@@ -67,6 +68,26 @@ def test_transient_signals_retry_3_times_then_fail(
     records = tg.json("records", job["id"])
     assert [r["failure_class"] for r in records] == ["transient_exit"] * 3
     assert "job_restarts 3/3" in records[-1]["decision"]
+
+
+@pytest.mark.parametrize(
+    ("actions", "where"),
+    [
+        (("*:print:step 5 loss 0.5", "1:signal:SEGV"), "at step 5"),
+        (("1:signal:SEGV",), "in start-up, before any training step"),
+    ],
+)
+def test_the_same_crash_at_the_same_point_stops_after_the_second_attempt(
+    tg: TG, actions: tuple[str, ...], where: str
+) -> None:
+    """The history rule: the same fingerprint at the same progress point is deterministic."""
+    rc, _ = run(tg, actions=(*actions, "*:sleep:5"))
+    assert rc == 1
+    job = tg.only_job()
+    assert (job["state"], job["attempts"], job["restarts"]) == ("FAILED", 2, 1)
+    explained = tg.json("explain", job["id"])["failures"]
+    last = [f for f in explained if f["root_cause"]][-1]
+    assert f"the same error {where} in attempts 0 and 1: not transient" in last["decision"]
 
 
 def test_transient_failure_once_then_success(tg: TG) -> None:
@@ -327,6 +348,8 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
         "1",
         "--max-num-of-same-error",
         "100",
+        "--enable-repeat-detection",
+        "false",
         "--",
         *child(
             f"*:pidfile:{pids}.a{{attempt}}",

@@ -143,7 +143,7 @@ def test_transient_failure_restarts_the_whole_job(tmp_path: Path) -> None:
 def test_budget_runs_out_then_the_job_fails_with_the_last_message(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, _ = make(tmp_path, be, max_num_of_job_restart=2)
+        m, _ = make(tmp_path, be, max_num_of_job_restart=2, enable_repeat_detection=False)
         await m.begin()
         await drain(m)
         for _ in range(3):

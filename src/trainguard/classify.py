@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainguard.fingerprint import fingerprint
+from trainguard.logcontext import Phase, child_signal, phase_of
 from trainguard.logtail import clean, exception_block
 from trainguard.signals import decode_returncode, signal_name
 from trainguard.signatures import Rules, Signature, first_match
@@ -59,6 +60,9 @@ EXTERNAL_KILL_SIGNALS: frozenset[int] = frozenset({signal.SIGKILL, signal.SIGTER
 
 INTERNAL_ERROR_MESSAGE = "Internal error occurred for the current attempt."
 
+UNCERTAIN_BELOW = 0.6
+"""A classification less confident than this is `uncertain` (R-CLS-2)."""
+
 
 @dataclass(frozen=True)
 class ExitEvidence:
@@ -71,6 +75,7 @@ class ExitEvidence:
     log_tail: tuple[str, ...] = ()
     oom_kills: int = 0  # new kernel OOM kills seen in our cgroup while it ran
     node_lost: str | None = None  # the node under it died: what the backend was told
+    progressed: bool | None = None  # it showed training progress (None: the log must tell)
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,18 @@ class Classification:
     fingerprint: str | None = None
     cascade: bool = False  # an error that usually follows another replica's death
     hardware: bool = False  # points at a faulty device or node
+    confidence: float = 1.0  # how sure the evidence makes the class (see UNCERTAIN_BELOW)
+    phase: str = Phase.UNKNOWN.value  # start-up or training, when the failure happened
+    notes: tuple[str, ...] = ()  # what the context changed, for `explain`
 
     @property
     def is_failure(self) -> bool:
         return self.failure_class is not None
+
+    @property
+    def uncertain(self) -> bool:
+        """Too little evidence to be sure: a retryable one is retried at most once."""
+        return self.failure_class is not None and self.confidence < UNCERTAIN_BELOW
 
 
 def _message(replica: str, code: int, cls: FailureClass, reason: str) -> str:
@@ -189,59 +202,108 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
         )
 
     kind = ExitKind.SIGNAL if sig is not None else ExitKind.NONZERO
-    external = sig is not None and sig in EXTERNAL_KILL_SIGNALS
     rules = rules or Rules.default()
+    phase = phase_of(ev.log_tail, ev.progressed)
+    v = weigh(ev, sig, rules, phase)
+    return Classification(
+        kind,
+        v.cls,
+        v.retryable,
+        v.rule,
+        code,
+        sig_name,
+        v.reason,
+        _message(ev.replica, code, v.cls, v.reason),
+        matched_line=v.line,
+        fingerprint=fingerprint(f"{v.cls}:{v.line or v.reason}"),
+        cascade=bool(v.matched and v.matched.cascade),
+        hardware=bool(v.matched and v.matched.hardware),
+        confidence=v.confidence,
+        phase=phase.value,
+        notes=v.notes,
+    )
 
-    def result(
-        cls: FailureClass,
-        retryable: bool,
-        rule: str,
-        reason: str,
-        line: str | None = None,
-        matched: Signature | None = None,
-    ) -> Classification:
-        return Classification(
-            kind,
-            cls,
-            retryable,
-            rule,
-            code,
-            sig_name,
-            reason,
-            _message(ev.replica, code, cls, reason),
-            matched_line=line,
-            fingerprint=fingerprint(f"{cls}:{line or reason}"),
-            cascade=bool(matched and matched.cascade),
-            hardware=bool(matched and matched.hardware),
-        )
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the evidence of one failed exit says, before it is dressed as a Classification."""
+
+    cls: FailureClass
+    retryable: bool
+    rule: str
+    reason: str
+    confidence: float
+    line: str | None = None
+    matched: Signature | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _signal_number(name: str | None) -> int | None:
+    try:
+        return int(signal.Signals[name]) if name else None
+    except KeyError:
+        return None
+
+
+def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verdict:
+    """The evidence of a failed exit, weighed in the order the module docstring gives."""
+    notes: list[str] = []
+    lines = ev.log_tail
+    if sig is None:  # a launcher that exits 1 may say which signal its child died of
+        sig = _signal_number(child_signal(lines))
+        if sig is not None:
+            notes.append(f"the launcher's summary says the child died of {signal_name(sig)}")
+    sig_name = signal_name(sig) if sig is not None else None
     if sig == signal.SIGKILL and ev.oom_kills > 0:
-        return result(FailureClass.HOST_OOM, False, "host-oom-cgroup", "OOMKilled")
-    evidence = find_evidence(ev.log_tail, rules)
+        return Verdict(FailureClass.HOST_OOM, False, "host-oom-cgroup", "OOMKilled", 0.99)
+    evidence = find_evidence(lines, rules)
     if evidence is not None:
         matched, line = evidence
         cls = FailureClass(matched.failure_class)
         # A Python bug ends in exit 1, not in a signal: a death by signal is not explained
         # by an exception its log happens to mention (OOM or hardware text still counts),
         # unless an uncaught traceback is the last thing it said before aborting.
-        if not (sig is not None and cls is FailureClass.USER_ERROR) or _died_of_it(
-            ev.log_tail, sig
-        ):
-            return result(cls, matched.retryable, matched.id, _short(line), line, matched)
+        if not (sig is not None and cls is FailureClass.USER_ERROR) or _died_of_it(lines, sig):
+            return Verdict(
+                cls,
+                matched.retryable,
+                matched.id,
+                _short(line),
+                matched.confidence,
+                line,
+                matched,
+                tuple(notes),
+            )
+        notes.append(f"{matched.id} on {_short(line, 80)!r} does not explain a death by signal")
     if sig is not None and sig in TRANSIENT_SIGNALS:
-        return result(
-            FailureClass.TRANSIENT_EXIT, True, f"transient-signal-{sig_name}", str(sig_name)
+        return Verdict(
+            FailureClass.TRANSIENT_EXIT,
+            True,
+            f"transient-signal-{sig_name}",
+            str(sig_name),
+            0.6,  # retried as transient by convention (Vertex), with nothing else to go on
+            notes=(*notes, "a bare crash: nothing in the log says why"),
         )
-    if external:
+    if sig is not None and sig in EXTERNAL_KILL_SIGNALS:
         reason = f"{sig_name} (killed from outside trainguard)"
-        return result(FailureClass.PREEMPTION, True, f"external-{sig_name}", reason)
-    block = exception_block(ev.log_tail)
+        return Verdict(
+            FailureClass.PREEMPTION, True, f"external-{sig_name}", reason, 0.7, notes=tuple(notes)
+        )
+    block = exception_block(lines)
     if block is not None:
         line = block[2][0]
-        return result(FailureClass.USER_ERROR, False, "python-traceback", _short(line), line)
+        return Verdict(
+            FailureClass.USER_ERROR,
+            False,
+            "python-traceback",
+            _short(line),
+            0.85,
+            line,
+            notes=tuple(notes),
+        )
     if sig_name is not None:
-        return result(FailureClass.USER_ERROR, False, "other-signal", sig_name)
-    return result(FailureClass.USER_ERROR, False, "nonzero-exit", "Error")
+        return Verdict(FailureClass.USER_ERROR, False, "other-signal", sig_name, 0.5)
+    return Verdict(FailureClass.USER_ERROR, False, "nonzero-exit", "Error", 0.5)
 
 
 def internal_failure(exc: BaseException) -> Classification:

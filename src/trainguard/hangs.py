@@ -91,6 +91,11 @@ class HangWatch:
     def beats(self) -> dict[str, list[tuple[int, float]]]:
         return {k: list(v) for k, v in self._beats.items()}
 
+    def step_of(self, replica: str) -> int | None:
+        """The last step this replica reported in the attempt (None: none reported)."""
+        history = self._beats.get(replica)
+        return history[-1][0] if history else None
+
     # ------------------------------------------------------------ the rule
 
     def interval(self) -> float | None:

@@ -14,7 +14,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.backends.base import (
@@ -43,6 +43,7 @@ from trainguard.inject import FaultInjector, Injection, parse_injection
 from trainguard.keeper import CheckpointKeeper
 from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, replica_env
 from trainguard.ledger import Ledger
+from trainguard.logcontext import last_step
 from trainguard.policy import (
     Budgets,
     Decision,
@@ -95,6 +96,7 @@ class _Replica:
     pid: int | None = None
     restarts: int = 0  # restarts alone within the current attempt (async mode)
     run_id: int | None = None
+    started_s: float | None = None  # when its current run started
 
 
 @dataclass
@@ -340,6 +342,7 @@ class Master:
         self._attempt_failures = []
         for rep in self.replicas.values():
             rep.state, rep.pid, rep.restarts, rep.run_id = ReplicaState.STARTING, None, 0, None
+            rep.started_s = None
         if self._pending is not None:
             self._pending.start_begin_s = self.clock()
         await self.backend.start([self._launch(r) for r in self.replicas.values()])
@@ -374,6 +377,7 @@ class Master:
         if rep is None:
             return
         rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
+        rep.started_s = ev.time_s
         self._maybe_running()
 
     def _maybe_running(self) -> None:
@@ -433,9 +437,17 @@ class Master:
         """The spec's retryable keywords, those the training code set at run time, ours."""
         return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
 
+    def _progress(self, rep: _Replica, tail: tuple[str, ...]) -> int | None:
+        """The step a replica had reached: its SDK reports, else what its output printed."""
+        step = self.hangs.step_of(rep.plan.name)
+        return step if step is not None else last_step(tail)
+
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
-        c = classify_exit(ev.evidence, self.rules() if rep is not None else None)
+        evidence = ev.evidence
+        if rep is not None and self.hangs.step_of(ev.replica) is not None:
+            evidence = replace(evidence, progressed=True)  # the SDK saw it train
+        c = classify_exit(evidence, self.rules() if rep is not None else None)
         state = {
             ExitKind.CLEAN: ReplicaState.SUCCEEDED,
             ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
@@ -522,8 +534,21 @@ class Master:
         c: Classification,
         tail: tuple[str, ...] = (),
     ) -> Failure:
-        plan = self.replicas[replica].plan
-        return Failure(replica, plan.role, plan.rank, attempt, pid, time_s, c, tail)
+        rep = self.replicas[replica]
+        plan = rep.plan
+        return Failure(
+            replica,
+            plan.role,
+            plan.rank,
+            attempt,
+            pid,
+            time_s,
+            c,
+            tail,
+            restart=rep.restarts,
+            progress=self._progress(rep, tail),
+            uptime_s=None if rep.started_s is None else time_s - rep.started_s,
+        )
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:
         return self.rec.run_started(

@@ -7,10 +7,13 @@ failure with `budgets.after(failure, decision)`; tests drive them by tables.
 The rules, in order, for a failure:
 1. not retryable (by the policy or the evidence) -> FailJob;
 2. more than `max_tolerated_failure_rate` of the replicas have failed -> FailJob;
+   the history rule: the same fingerprint at the same progress point (the same step,
+   or start-up both times) as in an earlier attempt -> FailJob, whatever the class;
 3. the same error (fingerprint) on this replica more than `max_num_of_same_error`
    times -> FailJob;
 4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
-   (capacity with queue.wait_for_capacity -> WaitForCapacity);
+   (capacity with queue.wait_for_capacity -> WaitForCapacity); a retryable failure
+   whose evidence is uncertain also charges `max_uncertain_restarts` (1);
 5. async mode and a role that restarts alone (the framework's `RolePolicy`; `worker`
    by default): restart it alone while its `max_replica_restarts` last, then the whole
    job (or, as the framework says, fail the job or give the replica up);
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from math import isqrt
-from typing import Literal
+from typing import Literal, Self, TypeVar, cast
 
 from trainguard.classify import Classification, FailureClass
 from trainguard.spec import (
@@ -35,6 +38,7 @@ from trainguard.spec import (
 )
 
 Limit = int | Literal["unlimited"]
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,16 @@ class Failure:
     time_s: float
     classification: Classification
     log_tail: tuple[str, ...] = ()
+    restart: int = 0  # the replica's restarts alone within the attempt (async mode)
+    progress: int | None = None  # the step the replica had reached; None: none known
+    uptime_s: float | None = None  # how long the replica had run when it failed
 
     @property
     def same_error_key(self) -> str:
         return f"{self.replica}:{self.classification.fingerprint}"
+
+    def occurrence(self) -> Occurrence:
+        return Occurrence(self.attempt, self.restart, self.progress, self.uptime_s)
 
 
 @dataclass(frozen=True)
@@ -69,48 +79,50 @@ class Charge:
         return f"{self.budget} {self.used}/{self.limit} ({int(self.limit) - self.used} left)"
 
 
-class Tally(Mapping[str, int]):
-    """Counts per key, immutable, where `plus` is cheap however many keys there are.
+class Layers(Mapping[str, V]):
+    """An immutable mapping where `set` is cheap however many keys there are.
 
-    `plus` adds a one-key layer over the shared older ones and folds the layers into a
+    `set` adds a one-key layer over the shared older ones and folds the layers into a
     fresh dict once there are about sqrt(keys) of them: a lookup walks at most that many
-    layers, and a `plus` costs O(sqrt(keys)) amortised instead of a copy of every key
+    layers, and a `set` costs O(sqrt(keys)) amortised instead of a copy of every key
     (10,000 replicas that all failed once: the simulator's case).
     """
 
     __slots__ = ("_base", "_depth", "_key", "_parent", "_value")
 
-    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
-        self._base: dict[str, int] = dict(counts or {})
-        self._parent: Tally | None = None
-        self._key, self._value, self._depth = "", 0, 0
+    def __init__(self, items: Mapping[str, V] | None = None) -> None:
+        self._base: dict[str, V] = dict(items or {})
+        self._parent: Layers[V] | None = None
+        self._key: str = ""
+        self._value: V | None = None
+        self._depth = 0
 
-    def plus(self, key: str) -> Tally:
-        """The same counts with `key` one higher."""
-        out = Tally.__new__(Tally)
+    def set(self, key: str, value: V) -> Self:
+        """The same mapping with `key` set to `value`."""
+        out = self.__class__.__new__(self.__class__)
         out._base, out._parent = self._base, self
-        out._key, out._value, out._depth = key, self.get(key, 0) + 1, self._depth + 1
+        out._key, out._value, out._depth = key, value, self._depth + 1
         if out._depth >= max(8, isqrt(len(self._base))):  # layers ~ sqrt(keys): both cheap
-            return Tally(out._merged())
+            return self.__class__(out._merged())
         return out
 
-    def __getitem__(self, key: str) -> int:
-        node: Tally | None = self
+    def __getitem__(self, key: str) -> V:
+        node: Layers[V] | None = self
         while node is not None and node._depth:
             if node._key == key:
-                return node._value
+                return cast(V, node._value)
             node = node._parent
         return self._base[key]
 
-    def _merged(self) -> dict[str, int]:
-        layers: list[Tally] = []
-        node: Tally | None = self
+    def _merged(self) -> dict[str, V]:
+        layers: list[Layers[V]] = []
+        node: Layers[V] | None = self
         while node is not None and node._depth:
             layers.append(node)
             node = node._parent
         merged = dict(self._base)
         for layer in reversed(layers):
-            merged[layer._key] = layer._value
+            merged[layer._key] = cast(V, layer._value)
         return merged
 
     def __iter__(self) -> Iterator[str]:
@@ -120,7 +132,32 @@ class Tally(Mapping[str, int]):
         return len(self._merged())
 
     def __repr__(self) -> str:
-        return f"Tally({self._merged()!r})"
+        return f"{type(self).__name__}({self._merged()!r})"
+
+
+class Tally(Layers[int]):
+    """Counts per key (same errors per replica and fingerprint)."""
+
+    __slots__ = ()
+
+    def plus(self, key: str) -> Tally:
+        """The same counts with `key` one higher."""
+        return self.set(key, self.get(key, 0) + 1)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """Where a failure with a given fingerprint was last seen: the history rule's memory."""
+
+    attempt: int
+    restart: int
+    progress: int | None  # the step the job had reached; None: no step known
+    uptime_s: float | None  # how long the failing replica had run
+
+    def where(self) -> str:
+        if self.restart:
+            return f"attempt {self.attempt} (restart {self.restart})"
+        return f"attempt {self.attempt}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +169,7 @@ class Budgets:
     class_restarts: dict[str, int] = field(default_factory=dict)
     same_error: Tally = field(default_factory=Tally)  # "replica:fingerprint" -> count
     failed_replicas: frozenset[str] = frozenset()
+    seen: Layers[Occurrence] = field(default_factory=Layers)  # fingerprint -> last occurrence
 
     def after(self, failure: Failure, decision: Decision) -> Budgets:
         """The budgets once `failure` happened and `decision` was taken on it.
@@ -155,6 +193,7 @@ class Budgets:
             class_restarts=classes,
             same_error=self.same_error.plus(key),
             failed_replicas=failed if replica in failed else failed | {replica},
+            seen=self.seen.set(failure.classification.fingerprint or "", failure.occurrence()),
         )
 
 
@@ -280,6 +319,49 @@ def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str]:
     return False, f"{c.failure_class} is not retryable (rule {c.rule})"
 
 
+STARTUP_WINDOW_S = 300.0
+"""A replica that fails this soon after it started, with no step printed or reported,
+failed in start-up: the same error there in two attempts is not a passing fault."""
+
+# Faults from outside: without a step to compare, two of them say nothing about the job.
+_EXTERNAL: frozenset[FailureClass] = frozenset(
+    {FailureClass.PREEMPTION, FailureClass.NODE_LOST, FailureClass.CAPACITY}
+)
+
+
+def _in_startup(o: Occurrence) -> bool:
+    return o.uptime_s is not None and o.uptime_s < STARTUP_WINDOW_S
+
+
+def repeated_at_same_point(b: Budgets, failure: Failure) -> str | None:
+    """The history rule: the same fingerprint at the same progress point as before.
+
+    Deterministic whatever its class: the same step in two attempts (or two runs of a
+    replica restarted alone), or, with no step known either time, both times in start-up
+    (within STARTUP_WINDOW_S of starting; not for faults from outside). Returns why.
+    """
+    c = failure.classification
+    prev = b.seen.get(c.fingerprint or "")
+    now = failure.occurrence()
+    if prev is None or (prev.attempt, prev.restart) == (now.attempt, now.restart):
+        return None
+    if prev.progress is not None and now.progress is not None:
+        if prev.progress != now.progress:
+            return None
+        where = f"at step {now.progress}"
+    elif prev.progress is None and now.progress is None:
+        if c.failure_class in _EXTERNAL or not (_in_startup(prev) and _in_startup(now)):
+            return None
+        where = "in start-up, before any training step"
+    else:
+        return None
+    if prev.restart == 0 and now.restart == 0:
+        runs = f"attempts {prev.attempt} and {now.attempt}"
+    else:
+        runs = f"{prev.where()} and {now.where()}"
+    return f"the same error {where} in {runs}: not transient"
+
+
 def _job_restart(
     ft: FaultTolerance, b: Budgets, failure: Failure, why: str, extra: tuple[Charge, ...]
 ) -> Decision:
@@ -312,6 +394,9 @@ def decide_failure(
     retry, why = _is_retryable(ft, c)
     if not retry:
         return _end_replica(roles, ft, failure, why)
+    repeat = repeated_at_same_point(b, failure) if ft.enable_repeat_detection else None
+    if repeat is not None:
+        return _end_replica(roles, ft, failure, f"{why}; but {repeat}")
 
     if wait_for_capacity and c.failure_class is FailureClass.CAPACITY:
         limit_c = ft.max_capacity_restarts
@@ -353,6 +438,20 @@ def decide_failure(
             why = f"{why}; but {budget_field} is spent ({used}/{limit})"
             return _end_replica(roles, ft, failure, why)
         extra = (*extra, Charge(budget_field, used + 1, limit))
+
+    if (
+        c.uncertain
+        and c.retryable
+        and ft.fault_tolerant_policy is not FaultTolerantPolicy.ON_FAILURE
+    ):
+        used = b.class_restarts.get("max_uncertain_restarts", 0)
+        if not limit_allows(ft.max_uncertain_restarts, used):
+            why = (
+                f"{why}; but the evidence is uncertain (confidence {c.confidence:.2f}) and "
+                f"max_uncertain_restarts is spent ({used}/{ft.max_uncertain_restarts})"
+            )
+            return _end_replica(roles, ft, failure, why)
+        extra = (*extra, Charge("max_uncertain_restarts", used + 1, ft.max_uncertain_restarts))
 
     if roles.restarts_alone(failure.role, ft.execution_mode):
         key = f"replica_restarts:{failure.replica}"

@@ -35,6 +35,7 @@ class Signature:
     reason: str
     cascade: bool = False
     hardware: bool = False
+    confidence: float = 0.9  # how sure a match makes the class
 
 
 def _compile(entry: Any, where: str) -> Signature:
@@ -57,6 +58,7 @@ def _compile(entry: Any, where: str) -> Signature:
         reason=str(entry["reason"]),
         cascade=bool(entry.get("cascade", False)),
         hardware=bool(entry.get("hardware", False)),
+        confidence=float(entry.get("confidence", 0.9)),
     )
 
 
@@ -94,6 +96,7 @@ def user_signatures(keywords: tuple[str, ...], source: str) -> tuple[Signature, 
                 failure_class="retryable_message",
                 retryable=True,
                 reason=f"matches the retryable keyword {kw!r} ({source})",
+                confidence=0.95,
             )
         )
     return tuple(out)

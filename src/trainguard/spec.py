@@ -132,6 +132,12 @@ class FaultTolerance(_Model):
     max_capacity_restarts: Limit = 3
     max_internal_restarts: Limit = 2
     max_node_lost_restarts: Limit = 3  # a node under the job died (Ray backend)
+    # A retryable failure whose evidence is uncertain (a bare signal, a guess) is
+    # retried this many times in all.
+    max_uncertain_restarts: Limit = 1
+    # The same error at the same progress point (step, or start-up) in two attempts ends
+    # the job whatever its class: it is deterministic, not transient.
+    enable_repeat_detection: bool = True
     stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
     # The job's own retryable errors: regexes (or plain keywords) searched in the log
     # tail of a failed replica, before the built-in catalogue.

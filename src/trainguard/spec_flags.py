@@ -24,6 +24,8 @@ _FT_FLAGS = {
     "max_num_of_job_restart": "--max-restarts",
     "max_replica_restarts": "--max-replica-restarts",
     "max_transient_restarts": "--max-transient-restarts",
+    "max_uncertain_restarts": "--max-uncertain-restarts",
+    "enable_repeat_detection": "--enable-repeat-detection",
     "max_num_of_same_error": "--max-num-of-same-error",
     "max_tolerated_failure_rate": "--max-tolerated-failure-rate",
     "enable_job_hang_detection": "--enable-job-hang-detection",
