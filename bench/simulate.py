@@ -65,8 +65,8 @@ TRACEBACK = (
 )
 
 KINDS: dict[str, Callable[[str], ExitEvidence]] = {
-    # SIGSEGV: transient, charged to max_transient_restarts
-    "segv": lambda replica: ExitEvidence(replica, -11),
+    # SIGSEGV mid-training: transient, charged to max_transient_restarts
+    "segv": lambda replica: ExitEvidence(replica, -11, progressed=True),
     # SIGKILL from outside: preemption, retryable with no class budget of its own
     "kill": lambda replica: ExitEvidence(replica, -9),
     # the machine went away: charged to max_node_lost_restarts

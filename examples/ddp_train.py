@@ -42,6 +42,12 @@ def _args() -> argparse.Namespace:
         "--bug-at-step", type=int, help="demo fault: rank --crash-rank hits a KeyError here"
     )
     p.add_argument(
+        "--timeout-at-step",
+        type=int,
+        help="demo fault: on every attempt, rank --crash-rank raises here a RuntimeError that "
+        "reads like an NCCL collective timeout (deterministic: the same error, the same step)",
+    )
+    p.add_argument(
         "--hang-at-step",
         type=int,
         help="demo fault: on the first attempt only, rank --crash-rank sleeps forever here",
@@ -108,6 +114,12 @@ def main() -> None:
         if step == args.crash_at_step and rank == args.crash_rank and restart == 0:
             print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.timeout_at_step and rank == args.crash_rank:
+            raise RuntimeError(
+                f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL("
+                f"SeqNum={3 * step}, OpType=ALLREDUCE, NumelIn=2177, NumelOut=2177, "
+                "Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
+            )
         if step == args.bug_at_step and rank == args.crash_rank:
             config: dict[str, float] = {}
             print(f"learning rate {config['lr']}")  # a bug: raises KeyError

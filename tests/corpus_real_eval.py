@@ -6,10 +6,11 @@ part (~70%) and a test part (~30%) is fixed by a hash of the thread's address, s
 decided before any rule was written and cases of one thread never straddle it. Rules are
 tuned by reading development cases only:
 
-    .venv/bin/python tests/corpus_real_eval.py            # numbers for both parts
-    .venv/bin/python tests/corpus_real_eval.py --wrong    # the development part's misses
+    .venv/bin/python tests/corpus_real_eval.py            # the development part's numbers
+    .venv/bin/python tests/corpus_real_eval.py --wrong    # ... and its misses
+    .venv/bin/python tests/corpus_real_eval.py --test     # the test part's numbers too
 
-The test part's cases are never printed by this script.
+The test part's cases are never printed by this script, and its numbers only on request.
 """
 
 from __future__ import annotations
@@ -165,11 +166,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description="score the classifier on the real corpus")
     p.add_argument("--wrong", action="store_true", help="list the development part's misses")
     p.add_argument("--category", help="only this category's misses")
+    p.add_argument("--test", action="store_true", help="also score the test part")
     args = p.parse_args()
     cases = load()
     parts = evaluate(cases)
     print(f"{len(cases)} cases, {sum(c.retryable for c in cases)} retryable")
-    for name in ("dev", "test"):
+    for name in ("dev", "test") if args.test else ("dev",):
         print(score(parts[name]).line(name))
     print("dev by category:", dict(Counter(k.category for k, _ in parts["dev"])))
     if args.wrong:

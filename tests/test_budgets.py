@@ -37,8 +37,9 @@ def _evidence(kind: str, replica: str) -> ExitEvidence:
         "user": ExitEvidence(replica, 1, log_tail=TRACEBACK),
         "user_plain": ExitEvidence(replica, 1),
         "spawn": ExitEvidence(replica, None, spawn_error="command not found: 'nope'"),
-        "transient": ExitEvidence(replica, -11),
-        "abort": ExitEvidence(replica, 134),
+        "transient": ExitEvidence(replica, -11, progressed=True),  # a crash mid-training
+        "abort": ExitEvidence(replica, 134, progressed=True),
+        "bare_crash": ExitEvidence(replica, -11),  # nothing says it had trained: uncertain
         "preemption": ExitEvidence(replica, -9),
         "sigterm": ExitEvidence(replica, 143),
         "oom": ExitEvidence(replica, -9, oom_kills=1),

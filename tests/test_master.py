@@ -49,9 +49,12 @@ class FakeBackend:
             pid = 1000 + len(self.launches)
             self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
 
-    def exit(self, replica: str, returncode: int, stop_requested: bool = False) -> None:
+    def exit(
+        self, replica: str, returncode: int, stop_requested: bool = False, progressed: bool = True
+    ) -> None:
+        """`progressed`: the replica had trained (a crash mid-run, not in start-up)."""
         launch = self.live.pop(replica)
-        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested)
+        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested, progressed=progressed)
         self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:

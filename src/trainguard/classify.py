@@ -17,12 +17,22 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 
 from __future__ import annotations
 
+import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from trainguard.fingerprint import fingerprint
-from trainguard.logcontext import Phase, child_signal, phase_of
+from trainguard.logcontext import (
+    Phase,
+    child_signal,
+    collective_mismatch,
+    crash_cause,
+    first_collectives,
+    gpu_held_elsewhere,
+    phase_of,
+    root_exception_block,
+)
 from trainguard.logtail import clean, exception_block
 from trainguard.signals import decode_returncode, signal_name
 from trainguard.signatures import Rules, Signature, first_match
@@ -143,23 +153,35 @@ def _died_of_it(lines: tuple[str, ...], sig: int | None) -> bool:
 
 
 def find_evidence(lines: tuple[str, ...], rules: Rules) -> tuple[Signature, str] | None:
-    """The signature that explains a log tail, and the line it matched (steps 2 and 4)."""
+    """The signature that explains a log tail, and the line it matched (steps 2 and 4).
+
+    Strong signatures first, weak ones (a wrapper's or a bystander's words) only when no
+    strong one matches: each in the root exception (inside a launcher's wrapper), then the
+    lines from its traceback on, newest first, then the older lines, where only evidence
+    of a fault from outside the code counts (an Xid, a hang-up, an OOM kill).
+    """
     cleaned = [clean(x) for x in lines]
     for line in reversed(cleaned):
         sig = first_match(rules.user, line)
         if sig is not None:
             return sig, line
-    block = exception_block(lines)
-    if block is not None:
-        for line in block[2]:
-            sig = first_match(rules.catalogue, line)
-            if sig is not None:
-                return sig, line
+    block = root_exception_block(lines)
     start = block[0] if block is not None else 0
-    for line in reversed(cleaned[start:]):
-        sig = first_match(rules.catalogue, line)
-        if sig is not None:
-            return sig, line
+    ordered = [(x, True) for x in block[2]] if block is not None else []
+    ordered += [(x, True) for x in reversed(cleaned[start:])]
+    ordered += [(x, False) for x in reversed(cleaned[:start])]  # older: faults from outside
+    cascade: tuple[Signature, str] | None = None
+    for weak in (False, True):
+        for line, any_class in ordered:
+            sig = first_match(rules.catalogue, line, weak)
+            if sig is None or not (any_class or sig.failure_class != FailureClass.USER_ERROR):
+                continue
+            if not sig.cascade:
+                return sig, line
+            # A peer's reset or the process group's abort follows a cause: look on for it.
+            cascade = cascade or (sig, line)
+        if cascade is not None:
+            return cascade
     return None
 
 
@@ -264,7 +286,7 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
         # by an exception its log happens to mention (OOM or hardware text still counts),
         # unless an uncaught traceback is the last thing it said before aborting.
         if not (sig is not None and cls is FailureClass.USER_ERROR) or _died_of_it(lines, sig):
-            return Verdict(
+            v = Verdict(
                 cls,
                 matched.retryable,
                 matched.id,
@@ -274,22 +296,48 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 matched,
                 tuple(notes),
             )
+            return _in_context(v, lines, phase)
         notes.append(f"{matched.id} on {_short(line, 80)!r} does not explain a death by signal")
     if sig is not None and sig in TRANSIENT_SIGNALS:
+        cause = crash_cause(lines)
+        if cause is not None:
+            return Verdict(
+                FailureClass.USER_ERROR,
+                False,
+                f"crash-with-cause-{sig_name}",
+                _short(cause),
+                0.7,
+                cause,
+                notes=(*notes, f"{sig_name} follows a deterministic cause in the log"),
+            )
+        trained = phase is Phase.TRAINING
         return Verdict(
             FailureClass.TRANSIENT_EXIT,
             True,
             f"transient-signal-{sig_name}",
             str(sig_name),
-            0.6,  # retried as transient by convention (Vertex), with nothing else to go on
-            notes=(*notes, "a bare crash: nothing in the log says why"),
+            0.6 if trained else 0.5,  # retried as transient by convention (Vertex)
+            notes=(
+                *notes,
+                "a bare crash: nothing in the log says why"
+                + ("" if trained else ", and no training step before it: retried once"),
+            ),
+        )
+    if sig == signal.SIGKILL and _shell_killed(lines):
+        return Verdict(
+            FailureClass.HOST_OOM,
+            False,
+            "killed-by-the-kernel",
+            "SIGKILL with the shell's 'Killed'",
+            0.55,
+            notes=(*notes, "a SIGKILL the shell reported: most often the kernel's OOM killer"),
         )
     if sig is not None and sig in EXTERNAL_KILL_SIGNALS:
         reason = f"{sig_name} (killed from outside trainguard)"
         return Verdict(
             FailureClass.PREEMPTION, True, f"external-{sig_name}", reason, 0.7, notes=tuple(notes)
         )
-    block = exception_block(lines)
+    block = root_exception_block(lines)
     if block is not None:
         line = block[2][0]
         return Verdict(
@@ -304,6 +352,60 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
     if sig_name is not None:
         return Verdict(FailureClass.USER_ERROR, False, "other-signal", sig_name, 0.5)
     return Verdict(FailureClass.USER_ERROR, False, "nonzero-exit", "Error", 0.5)
+
+
+_COLLECTIVE_RULES = frozenset({"collective-timeout", "nccl-error"})
+
+
+def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
+    """What the rest of the log changes about a signature's verdict."""
+    m = v.matched
+    if v.cls is FailureClass.DEVICE_OOM:
+        held = gpu_held_elsewhere(lines)
+        if held is not None:
+            return replace(
+                v,
+                cls=FailureClass.CAPACITY,
+                retryable=True,
+                rule="gpu-memory-held-elsewhere",
+                confidence=0.7,
+                notes=(*v.notes, held),
+            )
+    if m is not None and m.untrained is not None and phase is not Phase.TRAINING:
+        u = m.untrained
+        return replace(
+            v,
+            cls=FailureClass(u.failure_class),
+            retryable=u.retryable,
+            rule=f"{m.id}-untrained",
+            confidence=u.confidence,
+            notes=(*v.notes, f"no training step before it: {u.reason}"),
+        )
+    if v.rule in _COLLECTIVE_RULES:
+        why = collective_mismatch(lines)
+        if why is not None:
+            return replace(
+                v,
+                cls=FailureClass.USER_ERROR,
+                retryable=False,
+                rule="collective-mismatch",
+                confidence=0.75,
+                notes=(*v.notes, f"{why}: a bug, not the network"),
+            )
+        if phase is not Phase.TRAINING and first_collectives(lines):
+            return replace(
+                v,
+                confidence=min(v.confidence, 0.5),
+                notes=(*v.notes, "failed in the first collectives, before any step: retried once"),
+            )
+    return v
+
+
+def _shell_killed(lines: tuple[str, ...]) -> bool:
+    return any(_KILLED.search(clean(x)) for x in lines[-5:])
+
+
+_KILLED = re.compile(r"(^|[\]*\s])(Killed|已杀死)\**\s*$")
 
 
 def internal_failure(exc: BaseException) -> Classification:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard.classify import Classification, ExitEvidence, classify_exit
+from trainguard.classify import UNCERTAIN_BELOW, Classification, ExitEvidence, classify_exit
 from trainguard.errors import SpecError
 from trainguard.logtail import TAIL_BYTES, TAIL_LINES
 from trainguard.signals import parse_signal
@@ -65,6 +65,13 @@ def print_explain(job: dict[str, Any], failures: list[dict[str, Any]]) -> None:
         print(f"    rule         {f['rule']}")
         if f["matched_line"]:
             print(f"    matched line {f['matched_line']}")
+        if f.get("confidence") is not None:
+            sure = " (uncertain)" if f["confidence"] < UNCERTAIN_BELOW else ""
+            print(f"    confidence   {f['confidence']:.2f}{sure}, phase {f['phase'] or 'unknown'}")
+        if f.get("step") is not None:
+            print(f"    at step      {f['step']}")
+        for note in (f.get("notes") or "").splitlines():
+            print(f"    context      {note}")
         print(f"    fingerprint  {f['fingerprint']}")
         print(f"    message      {f['message']}")
         print(f"    decision     {f['decision']}")
@@ -119,6 +126,10 @@ def classification_json(c: Classification) -> dict[str, Any]:
         "message": c.message,
         "cascade": c.cascade,
         "hardware": c.hardware,
+        "confidence": c.confidence,
+        "uncertain": c.uncertain,
+        "phase": c.phase,
+        "notes": list(c.notes),
     }
 
 
@@ -129,3 +140,8 @@ def print_classification(c: Classification, as_json: bool) -> None:
         return
     for key in ("failure_class", "retryable", "rule", "matched_line", "fingerprint", "message"):
         print(f"{key:<14} {data[key]}")
+    sure = " (uncertain: retried at most once)" if c.uncertain else ""
+    print(f"{'confidence':<14} {c.confidence:.2f}{sure}")
+    print(f"{'phase':<14} {c.phase}")
+    for note in c.notes:
+        print(f"{'context':<14} {note}")

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Sequence
 from enum import StrEnum
 
-from trainguard.logtail import clean
+from trainguard.logtail import clean, exception_block
 
 
 class Phase(StrEnum):
@@ -34,7 +34,9 @@ _PROGRESS = re.compile(
     r"\d+(\.\d+)?\s*(it|s)/(s|it)\b|\bsamples?/s(ec)?\b|\btokens?/s(ec)?\b|"
     r"\bepoch\b\s*[:=]?\s*\[?\d+\s*(/|of)\s*\d+|\bEpoch \d+:\s+\d+%|\d+%\|[^|]*\|\s*\d+/\d+ \[|"
     r"\bglobal[_ ]step\b\s*[:=]\s*\d|\bstep\b\s*\d+\s*(/|of)\s*\d+|"
-    r"\btrain(ing)?[_ ](loss|step)\b|\bconsumed_samples\b",
+    r"\btrain(ing)?[_ ](loss|step)\b|\bconsumed_samples\b|\bloss_?\w*\s*[:=]\s*[-+]?\d|"
+    r"\bTrain Epoch\b|\bEpoch\s*\[\d+\]\s*\[\d+/\d+\]|\biteration\s+\d+\s*/\s*\d+|"
+    r"\bsaving (model )?checkpoint|\bcheckpoint saved\b|\belapsed time per iteration\b",
     re.IGNORECASE,
 )
 # Words that say the job is still starting: a line with these is not a training step
@@ -92,6 +94,7 @@ def phase_of(lines: Sequence[str], progressed: bool | None = None) -> Phase:
 # launchers, a shell. Each gives the child's return code (-N for a signal) or a signal.
 _CHILD_CODE = (
     re.compile(r"^exitcode\s*:\s*(-?\d+)"),
+    re.compile(r"\bfailed \(exitcode: (-?\d+)\)"),
     re.compile(r"exits? with return code\s*=\s*(-?\d+)"),
     re.compile(r"returned non-zero exit status (-?\d+)"),
     re.compile(r"\bexit(?:ed)?(?: with)? (?:code|status)[:= ]+(1[2-9]\d)\b", re.IGNORECASE),
@@ -107,10 +110,14 @@ _SHELL_SIGNAL = {
     "Aborted": "SIGABRT",
     "Killed": "SIGKILL",
     "Bus error": "SIGBUS",
+    "已杀死": "SIGKILL",  # a Chinese locale's shell
+    "段错误": "SIGSEGV",
+    "已放弃": "SIGABRT",
 }
 _SHELL = re.compile(
-    r"^(?:.*\bline \d+:\s+\d+\s+)?(Segmentation fault|Aborted|Killed|Bus error)"
-    r"(?: \(core dumped\))?(?:\s+.*)?$"
+    r"(?:^|\bline \d+:\s+\d+\s+|[\]*]|\s)(Segmentation fault|Aborted|Killed|Bus error|"
+    r"已杀死|段错误|已放弃)(?: \(core dumped\)| \(核心已转储\))?\**(?:\s+python.*)?\s*$",
+    re.IGNORECASE,
 )
 _FATAL_SIGNAL = re.compile(
     r"(?:Fatal Python error|\*\*\* Received signal|caught signal).*?(SIG[A-Z]+)"
@@ -144,10 +151,143 @@ def child_signal(lines: Sequence[str]) -> str | None:
             m = pattern.search(text)
             if m:
                 return _signal_from_code(int(m.group(1)))
-        m = _SHELL.match(text)
+        m = _SHELL.search(text)
         if m:
-            return _SHELL_SIGNAL[m.group(1)]
+            return _SHELL_SIGNAL[m.group(1).capitalize() if m.group(1).isascii() else m.group(1)]
         m = _FATAL_SIGNAL.search(text)
         if m:
             return m.group(1)
+    return None
+
+
+# ---------------------------------------------------------------- the root inside a wrapper
+
+# Exceptions that only report another process's failure: the cause is told before them.
+_WRAPPER = re.compile(
+    r"^([\w.]+\.)?(ChildFailedError|CalledProcessError|ProcessExitedException|SystemExit|"
+    r"SubprocessError)\b"
+)
+
+
+def root_exception_block(lines: Sequence[str]) -> tuple[int, int, list[str]] | None:
+    """The last traceback that is not a launcher's wrapper around a child's failure.
+
+    torchrun's ChildFailedError, DeepSpeed's and Accelerate's CalledProcessError and
+    multiprocessing's ProcessExitedException come after the child's own traceback (when
+    the log holds it): that one is the root. Without one, the wrapper is all there is.
+    """
+    block = exception_block(lines)
+    for _ in range(4):
+        if block is None or not _WRAPPER.match(block[2][0]):
+            return block
+        inner = exception_block(lines[: block[0]])
+        if inner is None:
+            return block
+        block = inner
+    return block
+
+
+# ---------------------------------------------------------------- collectives
+
+_WORK = re.compile(
+    r"(?:WorkNCCL|WorkGloo|Work)\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?"
+)
+_MISMATCH = re.compile(
+    r"Detected mismatch between collectives|Collectives differ in the following aspects|"
+    r"mismatch between collectives|collective (type|size|shape)s? mismatch|"
+    r"Invalidate trace cache @ step|expected module \d+, but got module \d+|"
+    r"different number of (tensors|elements|parameters)|sizes of the tensors are different",
+    re.IGNORECASE,
+)
+
+
+def collective_mismatch(lines: Sequence[str]) -> str | None:
+    """Evidence that ranks called collectives differently: a bug, not a slow network.
+
+    Ranks that time out at the same sequence number in different operations or with
+    different sizes, or PyTorch's and DeepSpeed's own mismatch reports. Returns why.
+    """
+    seen: dict[str, tuple[str, str | None]] = {}
+    for line in lines:
+        text = clean(line)
+        m = _MISMATCH.search(text)
+        if m:
+            return f"the log reports a collective mismatch ({m.group(0)})"
+        for seq, op, numel, _ in _WORK.findall(text):
+            numel = numel or None
+            prev = seen.setdefault(seq, (op, numel))
+            if prev[0] != op:
+                return f"ranks ran different collectives at SeqNum {seq} ({prev[0]} and {op})"
+            if prev[1] and numel and prev[1] != numel:
+                return f"ranks sent different sizes at SeqNum {seq} ({prev[1]} and {numel})"
+    return None
+
+
+_INIT = re.compile(
+    r"store based barrier|initializing process group|init_process_group|"
+    r"setting up NCCL communicator|ncclCommInitRank|ncclUniqueId",
+    re.IGNORECASE,
+)
+
+
+def first_collectives(lines: Sequence[str]) -> bool:
+    """The job failed in its first collectives (SeqNum <= 2, or the process-group set-up)."""
+    for line in lines:
+        text = clean(line)
+        if _INIT.search(text):
+            return True
+        nums = [int(seq) for seq, *_ in _WORK.findall(text)]
+        if nums and min(nums) <= 2:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- crashes with a cause
+
+_CRASH_CAUSE = re.compile(
+    r"device-side assert(ion)? triggered|Assertion `.+` failed|Assertion .* failed\.|"
+    r"torchCheckFail|c10::detail::torchCheckFail|undefined symbol|"
+    r"free\(\): invalid|double free or corruption|corrupted size vs\. prev_size|"
+    r"malloc\(\): (corrupted|memory corruption)|munmap_chunk\(\): invalid pointer|"
+    r"version `GLIBC|GLIBCXX_[\d.]+' not found|Illegal instruction|"
+    r"what\(\):\s+(?!.*(NCCL|nccl|Watchdog|timed? ?out|Connection|socket|ECC|CUDA error: "
+    r"(unknown|an illegal memory|unspecified)))",
+    re.IGNORECASE,
+)
+
+
+def crash_cause(lines: Sequence[str]) -> str | None:
+    """A line before a SIGSEGV/SIGABRT that makes the crash deterministic (or None)."""
+    for line in reversed(lines):
+        text = clean(line)
+        if _CRASH_CAUSE.search(text):
+            return text
+    return None
+
+
+# ---------------------------------------------------------------- GPU memory held by others
+
+_SIZE = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
+_CUDA_OOM_NUMBERS = re.compile(
+    rf"{_SIZE} total capacity; (?:{_SIZE} already allocated; )?{_SIZE} free;"
+    rf"(?: [^;]*;)*? ?{_SIZE} reserved in total by PyTorch",
+)
+_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def gpu_held_elsewhere(lines: Sequence[str]) -> str | None:
+    """A CUDA OOM while this process holds a small share of the GPU: another process
+    (often a stale one of an earlier run) has the memory, and a restart may find it free.
+    """
+    for line in reversed(lines):
+        m = _CUDA_OOM_NUMBERS.search(line)
+        if not m:
+            continue
+        g = m.groups()
+        total = float(g[0]) * _UNIT[g[1]]
+        reserved = float(g[6]) * _UNIT[g[7]]
+        if total > 0 and reserved < 0.2 * total:
+            share = reserved / total
+            return f"PyTorch held only {share:.0%} of the GPU's memory: another process had it"
+        return None
     return None

@@ -10,8 +10,13 @@ TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
 MAX_LINE = 4096
 
-# "[rank3]: ", "[default0]:", "[worker-1]: " as launchers prefix lines; a timestamp-free view.
-_PREFIX = re.compile(r"^(\s*\[[\w.:-]+\]:\s?)+")
+# What launchers and log shippers put before a line: "[rank3]: ", "[default0]:",
+# "[trainer0|0]:", srun -l's "11: ", mpirun's "[1,25]<stderr>:", Ray's "(pid=1926) " and
+# "(RayTrainWorker pid=42, ip=10.0.0.1) ", a leading timestamp: a prefix-free view.
+_PREFIX = re.compile(
+    r"^(\s*(\[[\w.:|-]+\]:|\[\d+,\d+\]<std(?:out|err)>:|\d{1,5}: |"
+    r"\((\w+ )?pid=\d+(, ip=[\d.]+)?\)|【[^】]*】|\d{4}-\d\d-\d\dT[\d:.]+Z? \|)\s?)+"
+)
 _EXC_LINE = re.compile(
     r"^([A-Za-z_]\w*\.)*(Exception|_*[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
 )

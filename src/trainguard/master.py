@@ -45,6 +45,7 @@ from trainguard.layout import ReplicaPlan, plan_replicas, primary_replica, repli
 from trainguard.ledger import Ledger
 from trainguard.logcontext import last_step
 from trainguard.policy import (
+    STARTUP_WINDOW_S,
     Budgets,
     Decision,
     FailJob,
@@ -437,6 +438,12 @@ class Master:
         """The spec's retryable keywords, those the training code set at run time, ours."""
         return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
 
+    def _trained(self, rep: _Replica, now_s: float) -> bool:
+        """Past start-up: the SDK saw a step, or the replica ran for STARTUP_WINDOW_S."""
+        if self.hangs.step_of(rep.plan.name) is not None:
+            return True
+        return rep.started_s is not None and now_s - rep.started_s >= STARTUP_WINDOW_S
+
     def _progress(self, rep: _Replica, tail: tuple[str, ...]) -> int | None:
         """The step a replica had reached: its SDK reports, else what its output printed."""
         step = self.hangs.step_of(rep.plan.name)
@@ -445,8 +452,8 @@ class Master:
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
         evidence = ev.evidence
-        if rep is not None and self.hangs.step_of(ev.replica) is not None:
-            evidence = replace(evidence, progressed=True)  # the SDK saw it train
+        if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
+            evidence = replace(evidence, progressed=True)
         c = classify_exit(evidence, self.rules() if rep is not None else None)
         state = {
             ExitKind.CLEAN: ReplicaState.SUCCEEDED,

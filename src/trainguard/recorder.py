@@ -172,6 +172,10 @@ class Recorder:
             root_cause=root_cause,
             cascade_of=cascade_of,
             decision=decision,
+            confidence=c.confidence,
+            phase=c.phase,
+            step=f.progress,
+            notes="\n".join(c.notes) or None,
         )
 
     def snapshot(

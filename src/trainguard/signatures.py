@@ -22,8 +22,19 @@ _CLASSES = frozenset(
         "retryable_message",
         "insufficient_capacity",
         "preemption",
+        "node_lost",
     }
 )
+
+
+@dataclass(frozen=True)
+class Untrained:
+    """What a signature means instead when the log shows no training progress yet."""
+
+    failure_class: str
+    retryable: bool
+    confidence: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,8 @@ class Signature:
     cascade: bool = False
     hardware: bool = False
     confidence: float = 0.9  # how sure a match makes the class
+    weak: bool = False  # a wrapper's or bystander's words: only when nothing else matches
+    untrained: Untrained | None = None  # the reading before any training progress
 
 
 def _compile(entry: Any, where: str) -> Signature:
@@ -50,6 +63,17 @@ def _compile(entry: Any, where: str) -> Signature:
         pattern = re.compile(str(entry["pattern"]), re.IGNORECASE)
     except re.error as exc:
         raise ValueError(f"{where} ({entry['id']}): bad pattern: {exc}") from None
+    untrained = None
+    if "untrained" in entry:
+        u = entry["untrained"]
+        if not isinstance(u, dict) or u.get("class") not in _CLASSES:
+            raise ValueError(f"{where} ({entry['id']}): untrained needs a known class")
+        untrained = Untrained(
+            failure_class=str(u["class"]),
+            retryable=bool(u.get("retryable", entry["retryable"])),
+            confidence=float(u.get("confidence", 0.5)),
+            reason=str(u.get("reason", entry["reason"])),
+        )
     return Signature(
         id=str(entry["id"]),
         pattern=pattern,
@@ -59,6 +83,8 @@ def _compile(entry: Any, where: str) -> Signature:
         cascade=bool(entry.get("cascade", False)),
         hardware=bool(entry.get("hardware", False)),
         confidence=float(entry.get("confidence", 0.9)),
+        weak=bool(entry.get("weak", False)),
+        untrained=untrained,
     )
 
 
@@ -118,8 +144,11 @@ class Rules:
         )
 
 
-def first_match(sigs: tuple[Signature, ...], line: str) -> Signature | None:
+def first_match(
+    sigs: tuple[Signature, ...], line: str, weak: bool | None = None
+) -> Signature | None:
+    """The first signature matching `line`; `weak` picks only weak (or only strong) ones."""
     for sig in sigs:
-        if sig.pattern.search(line):
+        if (weak is None or sig.weak == weak) and sig.pattern.search(line):
             return sig
     return None

@@ -209,6 +209,10 @@ failure_records = Table(
     Column("root_cause", Boolean, nullable=False),
     Column("cascade_of", String(64)),  # the root cause's replica, for a cascade
     Column("decision", Text),
+    Column("confidence", Float),  # how sure the evidence made the class
+    Column("phase", String(16)),  # start-up, training or unknown
+    Column("step", BigInteger),  # the progress point: the step the replica had reached
+    Column("notes", Text),  # what the context changed, one per line
 )
 
 

@@ -1,0 +1,232 @@
+"""What a log tail says around its error: phase, step, wrappers, collectives, crash causes."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.classify import ExitEvidence, FailureClass, classify_exit
+from trainguard.logcontext import (
+    Phase,
+    child_signal,
+    collective_mismatch,
+    crash_cause,
+    first_collectives,
+    gpu_held_elsewhere,
+    last_step,
+    phase_of,
+    root_exception_block,
+)
+from trainguard.logtail import clean
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        ("step 5 loss 0.1 rank 1", 5),
+        ("Step 12/100 | loss=2.3", 12),
+        ("global_step=300 lr=0.1 loss=1.0", 300),
+        ("[Iteration 9/10] loss 0.5", 9),
+        ("iter: 40, loss: 3.2", 40),
+        ("{'loss': 0.3, 'epoch': 1.2}", None),  # progress, but no step in it
+        ("Waiting for step 0 of rendezvous", None),
+        ("NCCL INFO step 3", None),
+    ],
+)
+def test_last_step(line: str, step: int | None) -> None:
+    assert last_step(["start", line, "Traceback (most recent call last):"]) == step
+
+
+@pytest.mark.parametrize(
+    ("lines", "phase"),
+    [
+        ([" 59%|█████▊    | 1663/2840 [6:59:31<4:51:53, 14.88s/it]"], Phase.TRAINING),
+        (["{'loss': 0.0605, 'grad_norm': 0.6, 'epoch': 23.42}"], Phase.TRAINING),
+        (["Epoch [5][400/1284]    lr: 0.00800, eta: 1:54:10"], Phase.TRAINING),
+        (["Map: 100%|██████████| 1000/1000 [00:01<00:00, 900.00 examples/s]"], Phase.UNKNOWN),
+        (["NCCL INFO Bootstrap : Using eth0"], Phase.UNKNOWN),
+        ([], Phase.UNKNOWN),
+    ],
+)
+def test_phase_from_the_log(lines: list[str], phase: Phase) -> None:
+    assert phase_of(lines) is phase
+
+
+def test_what_the_master_knows_wins_over_the_text() -> None:
+    assert phase_of([], progressed=True) is Phase.TRAINING
+    assert phase_of(["step 3 loss 1.0"], progressed=False) is Phase.STARTUP
+
+
+@pytest.mark.parametrize(
+    ("lines", "sig"),
+    [
+        (["Root Cause (first observed failure):", "[0]:", "  exitcode  : -9 (pid: 12)"], "SIGKILL"),
+        (["  traceback : Signal 11 (SIGSEGV) received by PID 6421"], "SIGSEGV"),
+        (["failed (exitcode: -11) local_rank: 1 (pid: 750662) of binary"], "SIGSEGV"),
+        (["failed (exitcode: 1) local_rank: 0 (pid: 7) of binary"], None),
+        (["Segmentation fault (core dumped)"], "SIGSEGV"),
+        (["/bin/sh: line 1:  1234 Killed   python train.py"], "SIGKILL"),
+        ([" 20%|████      | 216/1063 [00:27<02:17,  6.17it/s]Killed"], "SIGKILL"),
+        (["已杀死"], "SIGKILL"),
+        (["Process finished with exit code 139 (interrupted by signal 11: SIGSEGV)"], "SIGSEGV"),
+        (["process 1 terminated with signal SIGKILL"], "SIGKILL"),
+        (["[launch.py:315] exits with return code = 1"], None),
+        (["all good"], None),
+    ],
+)
+def test_child_signal(lines: list[str], sig: str | None) -> None:
+    assert child_signal(lines) == sig
+
+
+def test_torchruns_root_cause_wins_over_later_deaths() -> None:
+    lines = [
+        "Failures:",
+        "[1]:",
+        "  exitcode  : -15 (pid: 2)",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  exitcode  : -6 (pid: 1)",
+    ]
+    assert child_signal(lines) == "SIGABRT"
+
+
+CHILD_THEN_WRAPPER = (
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "train.py", line 9, in <module>',
+    "[rank1]: KeyError: 'lr'",
+    "E0101 torch.distributed.elastic.multiprocessing.api: failed (exitcode: 1) local_rank: 1",
+    "Traceback (most recent call last):",
+    '  File "/usr/bin/torchrun", line 8, in <module>',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "train.py FAILED",
+)
+
+
+def test_the_root_exception_is_inside_the_launchers_wrapper() -> None:
+    block = root_exception_block(CHILD_THEN_WRAPPER)
+    assert block is not None and block[2][0] == "KeyError: 'lr'"
+    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=CHILD_THEN_WRAPPER))
+    assert (c.failure_class, c.rule, c.retryable) == (FailureClass.USER_ERROR, "python-bug", False)
+
+
+def test_a_wrapper_alone_is_what_there_is() -> None:
+    block = root_exception_block(CHILD_THEN_WRAPPER[4:])
+    assert block is not None and "ChildFailedError" in block[2][0]
+
+
+@pytest.mark.parametrize(
+    "prefixed",
+    [
+        "[rank3]: KeyError: 'x'",
+        "11: [rank11]: KeyError: 'x'",
+        "(RayTrainWorker pid=42, ip=10.0.0.1) KeyError: 'x'",
+        "(pid=1926) KeyError: 'x'",
+        "[1,25]<stderr>:KeyError: 'x'",
+        "2024-08-23T22:22:51.874Z | [rank3]:KeyError: 'x'",
+        "[trainer0|0]:KeyError: 'x'",
+    ],
+)
+def test_launcher_and_shipper_prefixes_are_cleaned(prefixed: str) -> None:
+    assert clean(prefixed) == "KeyError: 'x'"
+
+
+def test_ranks_in_different_collectives_at_one_sequence_number_are_a_bug() -> None:
+    lines = [
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1803, "
+        "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1807825 milliseconds",
+        "[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1803, "
+        "OpType=ALLGATHER, Timeout(ms)=1800000) ran for 1807825 milliseconds",
+    ]
+    why = collective_mismatch(lines)
+    assert why is not None and "ALLREDUCE and ALLGATHER" in why
+    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=tuple(lines), progressed=True))
+    assert (c.rule, c.retryable) == ("collective-mismatch", False)
+
+
+def test_different_sizes_at_one_sequence_number_are_a_bug() -> None:
+    lines = [
+        "WorkNCCL(SeqNum=9, OpType=_ALLGATHER_BASE, NumelIn=75264, NumelOut=602112, Timeout",
+        "WorkNCCL(SeqNum=9, OpType=_ALLGATHER_BASE, NumelIn=2359296, NumelOut=18874368, Time",
+    ]
+    assert collective_mismatch(lines) == (
+        "ranks sent different sizes at SeqNum 9 (75264 and 2359296)"
+    )
+
+
+def test_the_same_collective_everywhere_is_no_evidence_of_a_bug() -> None:
+    line = "WorkNCCL(SeqNum=44, OpType=ALLREDUCE, NumelIn=68, NumelOut=68, Timeout(ms)=600000)"
+    assert collective_mismatch([line, line]) is None
+    assert not first_collectives([line])
+    assert first_collectives([line.replace("SeqNum=44", "SeqNum=1")])
+
+
+def test_a_timeout_in_the_first_collectives_is_retried_once() -> None:
+    line = (
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds"
+    )
+    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=(line,)))
+    assert c.retryable and c.uncertain
+    assert any("first collectives" in n for n in c.notes)
+
+
+@pytest.mark.parametrize(
+    ("lines", "user_error"),
+    [
+        (
+            ["Loss.cu:250: Assertion `t >= 0 && t < n_classes` failed."],
+            True,
+        ),
+        (
+            ["terminate called after throwing an instance of 'c10::Error'", "  what():  invalid"],
+            True,
+        ),
+        (["free(): invalid pointer"], True),
+        (["  what():  [Rank 7] Watchdog caught collective operation timeout"], False),
+        ([], False),
+    ],
+)
+def test_a_crash_with_a_cause_in_the_log_is_the_jobs(lines: list[str], user_error: bool) -> None:
+    assert (crash_cause(lines) is not None) is user_error
+    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=(*lines, "Aborted (core dumped)")))
+    assert (not c.retryable) is user_error or c.failure_class is FailureClass.RETRYABLE_MESSAGE
+
+
+def test_a_cuda_oom_with_the_memory_held_by_another_process_is_retryable() -> None:
+    held = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 216.00 MiB (GPU 0; "
+        "7.92 GiB total capacity; 69.17 MiB already allocated; 24.56 MiB free; 86.00 MiB "
+        "reserved in total by PyTorch)"
+    )
+    own = held.replace("86.00 MiB reserved", "7.50 GiB reserved")
+    assert gpu_held_elsewhere([held]) is not None and gpu_held_elsewhere([own]) is None
+    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=(held,)))
+    assert (c.failure_class, c.retryable) == (FailureClass.CAPACITY, True)
+    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=(own,)))
+    assert (c.failure_class, c.retryable) == (FailureClass.DEVICE_OOM, False)
+
+
+def test_a_cuda_kernel_failure_reads_by_phase() -> None:
+    line = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    trained = classify_exit(ExitEvidence("w", 1, log_tail=("step 900 loss 1.2", line)))
+    fresh = classify_exit(ExitEvidence("w", 1, log_tail=(line,)))
+    assert (trained.retryable, trained.hardware, trained.phase) == (True, True, "training")
+    assert (fresh.retryable, fresh.rule) == (False, "cuda-launch-failure-untrained")
+    assert fresh.uncertain
+
+
+def test_a_shell_killed_sigkill_is_read_as_the_oom_killer() -> None:
+    c = classify_exit(ExitEvidence("w", 1, log_tail=("step 3 loss 1", "Killed")))
+    assert (c.failure_class, c.retryable) == (FailureClass.HOST_OOM, False)
+    # without the shell's word it is a kill from outside
+    c = classify_exit(ExitEvidence("w", -9))
+    assert (c.failure_class, c.retryable) == (FailureClass.PREEMPTION, True)
+
+
+def test_a_peer_reset_defers_to_a_cause_elsewhere_in_the_tail() -> None:
+    lines = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "NCCL WARN Net : Call to recv from 10.0.0.2<4312> failed : Connection reset by peer",
+    )
+    c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
+    assert c.failure_class is FailureClass.DEVICE_OOM
