@@ -132,11 +132,13 @@ class Score:
     wasted: float  # of the permanent failures, called retryable
     missed: float  # of the retryable failures, called permanent
     uncertain: int
+    wasted_sure: float  # of the permanent failures, called retryable and not uncertain
 
     def line(self, name: str) -> str:
         return (
             f"{name}: {self.cases} cases ({self.retryable} retryable); accuracy "
-            f"{self.accuracy:.1%}, wasted retries {self.wasted:.1%}, missed retries "
+            f"{self.accuracy:.1%}, wasted retries {self.wasted:.1%} "
+            f"({self.wasted_sure:.1%} beyond one uncertain retry), missed retries "
             f"{self.missed:.1%}; {self.uncertain} uncertain"
         )
 
@@ -152,6 +154,8 @@ def score(results: list[tuple[Case, Classification]]) -> Score:
         wasted=sum(c.retryable for _, c in permanent) / max(1, len(permanent)),
         missed=sum(not c.retryable for _, c in retryable) / max(1, len(retryable)),
         uncertain=sum(c.uncertain for _, c in results),
+        wasted_sure=sum(c.retryable and not c.uncertain for _, c in permanent)
+        / max(1, len(permanent)),
     )
 
 

@@ -15,6 +15,7 @@ from trainguard.logcontext import (
     last_step,
     phase_of,
     root_exception_block,
+    solo_work_before_timeout,
 )
 from trainguard.logtail import clean
 
@@ -230,3 +231,16 @@ def test_a_peer_reset_defers_to_a_cause_elsewhere_in_the_tail() -> None:
     )
     c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
     assert c.failure_class is FailureClass.DEVICE_OOM
+
+
+def test_a_timeout_right_after_a_save_is_retried_once() -> None:
+    lines = (
+        "step 900 loss 0.52",
+        "Saving model checkpoint to out/checkpoint-900",
+        "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=15126, "
+        "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600011 ms",
+    )
+    assert solo_work_before_timeout(lines) == "Saving model checkpoint to out/checkpoint-900"
+    c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
+    assert c.retryable and c.uncertain
+    assert solo_work_before_timeout(lines[::2]) is None

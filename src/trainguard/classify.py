@@ -32,6 +32,7 @@ from trainguard.logcontext import (
     gpu_held_elsewhere,
     phase_of,
     root_exception_block,
+    solo_work_before_timeout,
 )
 from trainguard.logtail import clean, exception_block
 from trainguard.signals import decode_returncode, signal_name
@@ -397,6 +398,17 @@ def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
                 v,
                 confidence=min(v.confidence, 0.5),
                 notes=(*v.notes, "failed in the first collectives, before any step: retried once"),
+            )
+        solo = solo_work_before_timeout(lines)
+        if solo is not None:
+            return replace(
+                v,
+                confidence=min(v.confidence, 0.5),
+                notes=(
+                    *v.notes,
+                    f"the timeout follows work some ranks do alone ({_short(solo, 80)!r}): "
+                    "retried once",
+                ),
             )
     return v
 

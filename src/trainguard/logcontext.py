@@ -242,6 +242,28 @@ def first_collectives(lines: Sequence[str]) -> bool:
     return False
 
 
+_TIMEOUT = re.compile(r"collective operation timeout|Timed out waiting \d+ms|timed out", re.I)
+_SOLO_WORK = re.compile(
+    r"\bsaving (model )?checkpoint|\bSaving model\b|\bsave_checkpoint\b|torch\.save|"
+    r"Running Evaluation|\bevaluat(e|ing|ion)\b|\bvalidat(e|ing|ion)\b|\bgenerat(e|ing)\b",
+    re.IGNORECASE,
+)
+
+
+def solo_work_before_timeout(lines: Sequence[str], window: int = 10) -> str | None:
+    """A save, evaluation or generation just before a collective timeout: work some ranks
+    do alone (rank 0 saving) while the others wait in a collective, a bug of the job's
+    timing more than of the network. Returns the line."""
+    cleaned = [clean(x) for x in lines]
+    first = next((i for i, x in enumerate(cleaned) if _TIMEOUT.search(x)), None)
+    if first is None:
+        return None
+    for text in reversed(cleaned[max(0, first - window) : first]):
+        if _SOLO_WORK.search(text):
+            return text
+    return None
+
+
 # ---------------------------------------------------------------- crashes with a cause
 
 _CRASH_CAUSE = re.compile(
