@@ -1,4 +1,7 @@
-"""The classifier against a labelled corpus of realistic failure log tails (R-CLS-2, R-CLS-3).
+"""The classifier against hand-written failure log tails (R-CLS-2, R-CLS-3): unit tests.
+
+These tails were written to look real and score far above real logs; the number that
+counts is tests/test_corpus_real.py's, on logs from public issue threads.
 
 The corpus (tests/corpus/, see its README) was written apart from the signature
 catalogue, from the messages PyTorch, NCCL, CUDA, the kernel and storage clients print.

@@ -16,10 +16,12 @@ from corpus_real_eval import Case, evaluate, load, score
 
 from trainguard.classify import Classification
 
-# Measured at this commit (tests/corpus_real_eval.py --test); see the README.
+# Measured (tests/corpus_real_eval.py --test): dev 79.6% / 22.6% / 17.5%, test 70.1% /
+# 30.2% / 29.3% (accuracy / wasted / missed); the floors are those less about 3 points.
+# The targets (test accuracy >= 0.90, wasted and missed <= 10%) are not met.
 FLOORS = {
-    "dev": {"accuracy": 0.0, "wasted": 1.0, "missed": 1.0},
-    "test": {"accuracy": 0.0, "wasted": 1.0, "missed": 1.0},
+    "dev": {"accuracy": 0.77, "wasted": 0.25, "missed": 0.20},
+    "test": {"accuracy": 0.67, "wasted": 0.33, "missed": 0.32},
 }
 
 
@@ -53,12 +55,13 @@ def test_retry_decisions_on_real_logs(
 ) -> None:
     s = score(parts[part])
     print("\n" + s.line(part))
-    wrong = Counter(
-        (k.category, "wasted" if c.retryable else "missed")
-        for k, c in parts[part]
-        if k.retryable != c.retryable
-    )
-    print(f"  misses by category: {dict(sorted(wrong.items()))}")
+    if part == "dev":  # the test part stays a number: nothing to tune against
+        wrong = Counter(
+            (k.category, "wasted" if c.retryable else "missed")
+            for k, c in parts[part]
+            if k.retryable != c.retryable
+        )
+        print(f"  misses by category: {dict(sorted(wrong.items()))}")
     floor = FLOORS[part]
     assert s.accuracy >= floor["accuracy"]
     assert s.wasted <= floor["wasted"]

@@ -58,7 +58,8 @@ def _failure(
 
 
 def _after(*failures: Failure, **ft: Any) -> tuple[Budgets, FaultTolerance]:
-    spec = FaultTolerance(**ft)
+    """Budgets after `failures`; uncertain retries are not limited, so the rule shows alone."""
+    spec = FaultTolerance(**{"max_uncertain_restarts": "unlimited", **ft})
     b = Budgets()
     for f in failures:
         b = b.after(f, decide_failure(spec, b, f))

@@ -372,16 +372,6 @@ def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
                 confidence=0.7,
                 notes=(*v.notes, held),
             )
-    if m is not None and m.untrained is not None and phase is not Phase.TRAINING:
-        u = m.untrained
-        return replace(
-            v,
-            cls=FailureClass(u.failure_class),
-            retryable=u.retryable,
-            rule=f"{m.id}-untrained",
-            confidence=u.confidence,
-            notes=(*v.notes, f"no training step before it: {u.reason}"),
-        )
     if v.rule in _COLLECTIVE_RULES:
         why = collective_mismatch(lines)
         if why is not None:
@@ -410,6 +400,16 @@ def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
                     "retried once",
                 ),
             )
+    if m is not None and m.untrained is not None and phase is not Phase.TRAINING:
+        u = m.untrained
+        return replace(
+            v,
+            cls=FailureClass(u.failure_class),
+            retryable=u.retryable,
+            rule=f"{m.id}-untrained",
+            confidence=u.confidence,
+            notes=(*v.notes, f"no training step before it: {u.reason}"),
+        )
     return v
 
 

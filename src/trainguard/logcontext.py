@@ -190,7 +190,8 @@ def root_exception_block(lines: Sequence[str]) -> tuple[int, int, list[str]] | N
 # ---------------------------------------------------------------- collectives
 
 _WORK = re.compile(
-    r"(?:WorkNCCL|WorkGloo|Work)\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?"
+    r"(?:WorkNCCL|WorkGloo|Work)\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?|"
+    r"CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+), TensorShape=(\[[\d, ]*\])()"
 )
 _MISMATCH = re.compile(
     r"Detected mismatch between collectives|Collectives differ in the following aspects|"
@@ -213,7 +214,8 @@ def collective_mismatch(lines: Sequence[str]) -> str | None:
         m = _MISMATCH.search(text)
         if m:
             return f"the log reports a collective mismatch ({m.group(0)})"
-        for seq, op, numel, _ in _WORK.findall(text):
+        for found in _WORK.findall(text):
+            seq, op, numel = found[0] or found[4], found[1] or found[5], found[2] or found[6]
             numel = numel or None
             prev = seen.setdefault(seq, (op, numel))
             if prev[0] != op:
@@ -236,7 +238,7 @@ def first_collectives(lines: Sequence[str]) -> bool:
         text = clean(line)
         if _INIT.search(text):
             return True
-        nums = [int(seq) for seq, *_ in _WORK.findall(text)]
+        nums = [int(f[0] or f[4]) for f in _WORK.findall(text)]
         if nums and min(nums) <= 2:
             return True
     return False
