@@ -9,12 +9,19 @@ from trainguard.hangs import HangDetected, HangWatch
 
 
 def _watch(
-    interval: float, enabled: bool = True, output: list[float] | None = None
+    interval: float,
+    enabled: bool = True,
+    output: list[float] | None = None,
+    startup: float = 600.0,
 ) -> tuple[HangWatch, list[HangDetected]]:
     seen: list[HangDetected] = []
     last = output if output is not None else [0.0]
     watch = HangWatch(
-        enabled=enabled, interval_s=interval, post=seen.append, output_activity=lambda: last[0]
+        enabled=enabled,
+        interval_s=interval,
+        post=seen.append,
+        output_activity=lambda: last[0],
+        startup_timeout_s=startup,
     )
     return watch, seen
 
@@ -115,3 +122,47 @@ def test_disarmed_while_restarting_and_rearmed_after_a_stale_report() -> None:
         assert len(seen) == 2
 
     asyncio.run(scenario())
+
+
+def test_before_every_replica_shows_life_the_start_up_allowance_applies() -> None:
+    async def scenario() -> None:
+        watch, seen = _watch(0.1, startup=0.5)
+        watch.arm(0, ["worker-0", "worker-1"])
+        await _run_for(watch, 0.3)
+        assert seen == [] and watch.pending() == {"worker-0", "worker-1"}
+        assert 0 < watch.startup_left() <= 0.5
+        await _run_for(watch, 0.35)
+        assert [h.kind for h in seen] == ["startup_hang"]  # nobody showed a sign of life
+
+    asyncio.run(scenario())
+
+
+def test_the_interval_counts_once_every_replica_has_shown_life() -> None:
+    async def scenario() -> None:
+        watch, seen = _watch(0.2, startup=60)
+        watch.alive("worker-0")  # printed before the attempt was armed: kept
+        watch.arm(0, ["worker-0", "worker-1"])
+        assert watch.pending() == {"worker-1"}
+        await _run_for(watch, 0.4)
+        assert seen == []  # worker-1 is still starting: the 60 s allowance holds
+        watch.beat("worker-1", None)  # an SDK call is a sign of life too
+        assert watch.pending() == frozenset() and watch.startup_left() == 0
+        await _run_for(watch, 0.35)
+        assert [h.kind for h in seen] == ["hang"]
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_restarted_alone_is_starting_again() -> None:
+    watch, _ = _watch(0.2, startup=30)
+    watch.arm(0, ["worker-0"])
+    watch.alive("worker-0")
+    assert watch.startup_left() == 0
+    watch.starting("worker-0")
+    assert watch.pending() == {"worker-0"} and 29 < watch.startup_left() <= 30
+
+
+def test_the_allowance_is_never_shorter_than_the_interval() -> None:
+    watch, _ = _watch(5.0, startup=1.0)
+    watch.arm(0, ["worker-0"])
+    assert 4.9 < watch.startup_left() <= 5.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from conftest import TG, child
@@ -41,10 +42,75 @@ def test_a_quiet_phase_inside_hang_detect_off_is_not_a_hang(tg: TG) -> None:
 
 
 def test_silence_longer_than_the_job_interval_is_a_hang(tg: TG) -> None:
-    rc, _ = run(tg, "--job-hang-interval", "1", "--max-restarts", "0", actions=("*:sleep:30",))
+    rc, _ = run(
+        tg,
+        "--job-hang-interval",
+        "1",
+        "--max-restarts",
+        "0",
+        actions=("*:print:up {rank}", "*:sleep:30"),
+    )
     assert rc == 1
     job = tg.only_job()
     assert job["state"] == "FAILED" and job["error_message"].startswith("The job hung")
+
+
+def test_a_silent_start_longer_than_the_interval_is_not_a_hang(tg: TG) -> None:
+    """No replica has shown a sign of life yet (imports, data loading): start-up rules."""
+    rc, err = run(tg, "--job-hang-interval", "1", actions=("*:sleep:3", "*:print:up {rank}"))
+    assert rc == 0, err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 1)
+    assert tg.json("stacks", job["id"]) == []
+
+
+def test_a_start_up_longer_than_its_allowance_is_a_start_up_hang(tg: TG) -> None:
+    rc, _ = run(
+        tg,
+        "--job-hang-interval",
+        "1",
+        "--startup-timeout",
+        "3",
+        "--max-restarts",
+        "0",
+        actions=("*:sleep:60",),
+    )
+    assert rc == 1
+    job = tg.only_job()
+    assert job["state"] == "FAILED"
+    assert "no replica showed a sign of life" in job["error_message"]
+    assert "within 3 s of starting" in job["error_message"]
+    (f,) = [f for f in tg.json("explain", job["id"])["failures"] if f["root_cause"]]
+    assert f["rule"] == "startup-hang-detector"
+    (snap,) = tg.json("stacks", job["id"])
+    assert snap["kind"] == "startup_hang"
+    # detected at the allowance, not at the 1 s interval
+    started = Store(tg.home).attempts_of(job["id"])[0]["started_at_s"]
+    assert f["at_s"] - started >= 3
+
+
+def test_a_replica_still_importing_after_its_first_line_is_not_hung(tg: TG, tmp_path: Path) -> None:
+    """Stacks inside the import machinery mean start-up: no culprit, no failure."""
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(4)\n")
+    script = tmp_path / "main.py"
+    script.write_text("print('up', flush=True)\nimport slowmod\nprint('imported', flush=True)\n")
+    res = tg(
+        "run",
+        "--quiet",
+        "--nproc-per-node",
+        "2",
+        "--job-hang-interval",
+        "1",
+        "--",
+        sys.executable,
+        str(script),
+    )
+    assert res.returncode == 0, res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"], job["restarts"]) == ("SUCCEEDED", 1, 0)
+    events = Store(tg.home).events_of(job["id"])
+    cleared = [e for e in events if e["kind"] == "hang_cleared"]
+    assert cleared and "still importing" in cleared[0]["text"], events
 
 
 def test_an_exit_hang_is_detected_and_retried(tg: TG) -> None:
@@ -54,7 +120,7 @@ def test_an_exit_hang_is_detected_and_retried(tg: TG) -> None:
         "all",
         "--job-exit-hang-interval",
         "2",
-        actions=("1@0:forever",),
+        actions=("*:print:up {rank}", "1@0:forever"),
     )
     assert rc == 0, err
     job = tg.only_job()

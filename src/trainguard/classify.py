@@ -453,6 +453,12 @@ def hang_failure(
     if kind == "exit_hang":
         cls, rule = FailureClass.EXIT_HANG, "exit-hang-detector"
         reason = f"{replica} finished but the other replicas did not exit within {interval_s:g} s"
+    elif kind == "startup_hang":
+        cls, rule = FailureClass.HANG, "startup-hang-detector"
+        reason = (
+            f"no replica showed a sign of life (a line of output or an SDK call) within "
+            f"{interval_s:g} s of starting (startup_timeout_s)"
+        )
     else:
         cls, rule = FailureClass.HANG, "hang-detector"
         reason = (

@@ -12,6 +12,8 @@ from trainguard.recorder import Recorder
 from trainguard.snapshot import snapshot_all
 from trainguard.stacks import ReplicaSnapshot, StackReport, aggregate
 
+_IMPORT = "importlib._bootstrap"  # py-spy's and faulthandler's name for import machinery
+
 SNAPSHOT_TIMEOUT_S = 10.0
 """A snapshot that takes longer is given up: recovery must not wait on diagnosis."""
 
@@ -23,6 +25,15 @@ class Diagnosis:
     duration_ms: float
     culprit: str | None
     where: str  # the culprit's innermost own frame, e.g. "_stall_forever (train.py:73)"
+
+    def importing(self) -> tuple[str, ...]:
+        """The replicas whose main thread is inside an import: still starting, not hung."""
+        out = []
+        for snap in self.snapshots:
+            main = [t for t in snap.threads if t.thread_name == "MainThread"] or list(snap.threads)
+            if any(_IMPORT in f.filename for t in main[:1] for f in t.frames):
+                out.append(snap.replica)
+        return tuple(out)
 
     def record(self, rec: Recorder, attempt: int, at_s: float, kind: str) -> int:
         """Store the snapshot (for `trainguard stacks`); returns its id."""

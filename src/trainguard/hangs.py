@@ -6,6 +6,12 @@ activity and sleeps again, or reports a hang. The interval is the job's
 `job_hang_interval`, or what training code set with `hang_detect(seconds)` for the scope
 it is in: the shortest active scope wins, and any replica inside `hang_detect(-1)`
 switches detection off for the job while it is there.
+
+Each replica is watched from its first sign of life. Until every replica has shown one
+(importing torch takes seconds on a fresh machine, loading data can take minutes), the
+start-up allowance applies instead: `startup_timeout_s`, never shorter than the interval,
+counted from the attempt's start. When it runs out with no replica having shown any sign
+of life, the report is a start-up hang.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +28,7 @@ OFF = -1.0
 
 @dataclass(frozen=True)
 class HangDetected:
-    kind: Literal["hang", "exit_hang"]
+    kind: Literal["hang", "exit_hang", "startup_hang"]
     attempt: int
     interval_s: float
     idle_s: float  # how long the job had shown no sign of life (or waited at exit)
@@ -38,9 +44,14 @@ class HangWatch:
         post: Callable[[HangDetected], None],
         output_activity: Callable[[], float],
         clock: Callable[[], float] = time.time,
+        startup_timeout_s: float = 600.0,
     ) -> None:
         self._enabled = enabled
         self._default = interval_s
+        self._startup_s = startup_timeout_s
+        self._pending: set[str] = set()  # replicas with no sign of life yet this attempt
+        self._seen: set[str] = set()  # signs of life before `arm`, in the attempt starting
+        self._expected = 0
         self._post = post
         self._output_activity = output_activity
         self._clock = clock
@@ -54,13 +65,42 @@ class HangWatch:
 
     # ------------------------------------------------------------ what the master tells it
 
-    def arm(self, attempt: int) -> None:
-        """A new attempt is running: count from now."""
+    def arm(self, attempt: int, replicas: Collection[str] = ()) -> None:
+        """A new attempt is running: count from now; `replicas` have yet to show life."""
         self._attempt, self._armed = attempt, True
         self._since_s = self._clock()
+        self._pending = set(replicas) - self._seen  # some spoke before all had started
+        self._expected = len(set(replicas))
+        self._seen.clear()
         self._scopes.clear()
         self._beats.clear()
         self._wake.set()
+
+    def alive(self, replica: str) -> None:
+        """A replica's first sign of life (a line of output, an SDK call)."""
+        if replica in self._pending:
+            self._pending.discard(replica)
+            self._wake.set()
+        elif not self._armed:
+            self._seen.add(replica)
+
+    def starting(self, replica: str) -> None:
+        """A replica restarted alone: it is in start-up again, from now."""
+        self._seen.discard(replica)
+        self._pending.add(replica)
+        self._since_s = max(self._since_s, self._clock())
+        self._wake.set()
+
+    def pending(self) -> frozenset[str]:
+        """The replicas that have shown no sign of life yet in this attempt."""
+        return frozenset(self._pending)
+
+    def startup_left(self) -> float:
+        """Seconds of start-up allowance left while some replica is still starting, else 0."""
+        if not self._pending:
+            return 0.0
+        allowance = max(self._startup_s, self._default)
+        return max(0.0, self._since_s + allowance - self._clock())
 
     def rearm(self) -> None:
         """A hang report turned out stale (the job moved again): keep watching."""
@@ -68,10 +108,13 @@ class HangWatch:
         self._wake.set()
 
     def disarm(self) -> None:
+        """Not watching (a new attempt is starting, or the job is stopping)."""
         self._armed = False
+        self._seen.clear()
         self._wake.set()
 
     def beat(self, replica: str, step: int | None) -> None:
+        self.alive(replica)
         now = self._clock()
         self._last_beat_s = now
         if step is not None:
@@ -81,6 +124,7 @@ class HangWatch:
                 del history[:-50]
 
     def scope(self, replica: str, seconds: float | None) -> None:
+        self.alive(replica)
         self._last_beat_s = self._clock()  # any word from a replica is a sign of life
         if seconds is None:
             self._scopes.pop(replica, None)
@@ -120,9 +164,13 @@ class HangWatch:
                 await self._wake.wait()
                 continue
             idle = self._clock() - self.last_activity()
-            if idle >= interval:
+            wait = max(interval - idle, self.startup_left())
+            if wait <= 0:
                 self._armed = False  # one report per attempt; the master re-arms it
-                self._post(HangDetected("hang", self._attempt, interval, idle))
+                kind: Literal["hang", "startup_hang"] = "hang"
+                if self._pending and len(self._pending) == self._expected:
+                    kind = "startup_hang"  # not one replica showed a sign of life
+                self._post(HangDetected(kind, self._attempt, interval, idle))
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval - idle)
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)

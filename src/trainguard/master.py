@@ -156,6 +156,7 @@ class Master:
         self.attempt = -1
         self._capacity_since: float | None = None  # when the current wait for capacity began
         self._capacity_attempt = -1  # the attempt that last ended waiting for capacity
+        self._attempt_started_s = clock()
         self._torn_down = -1  # the attempt a restart or a wait for capacity is stopping
         self.outcome = Outcome(JobState.PENDING)
         self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
@@ -171,6 +172,7 @@ class Master:
             post=self.post,
             output_activity=backend.last_output_s,
             clock=clock,
+            startup_timeout_s=self.ft.startup_timeout_s,
         )
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
         self._exit_hang_timer: asyncio.TimerHandle | None = None
@@ -338,7 +340,8 @@ class Master:
         self._given_up = {}
         self.keeper.new_attempt(self.attempt)
         addr, port = self._rendezvous
-        self.rec.attempt_started(self.attempt, self.clock(), addr, port)
+        self._attempt_started_s = self.clock()
+        self.rec.attempt_started(self.attempt, self._attempt_started_s, addr, port)
         self.outcome.attempts = self.attempt + 1
         self._attempt_failures = []
         for rep in self.replicas.values():
@@ -404,7 +407,8 @@ class Master:
         if running < n:
             what = f"all {n} replicas started, {n - running} already exited"
         self._transition(JobState.RUNNING, f"attempt {self.attempt}: {what}")
-        self.hangs.arm(self.attempt)
+        live = [n for n, r in self.replicas.items() if r.state is ReplicaState.RUNNING]
+        self.hangs.arm(self.attempt, live)
         self.faults.arm(self.attempt)
 
     def _is_torn_down(self) -> bool:
@@ -412,6 +416,9 @@ class Master:
         return self.state is JobState.RESTARTING and self._torn_down == self.attempt
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
+        rep = self.replicas.get(ev.replica)
+        if ev.attempt == self.attempt and rep is not None and ev.restart == rep.restarts:
+            self.hangs.alive(ev.replica)
         pending = self._pending
         if pending is None or pending.first_output or ev.attempt != self.attempt:
             return
@@ -466,6 +473,7 @@ class Master:
             self.rec.run_ended(run_id, ev.time_s, c, state, ev.evidence.log_tail)
         if rep is None:
             return  # an exit of an earlier attempt or run, already dealt with
+        self.hangs.alive(ev.replica)  # ended: it waits for nothing more to start
         rep.state = state
         rep.run_id = None
         failure: Failure | None = None
@@ -489,7 +497,9 @@ class Master:
                 interval = self.ft.job_exit_hang_interval
                 hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
                 loop = asyncio.get_running_loop()
-                self._exit_hang_timer = loop.call_later(interval, self.post, hang)
+                # peers still starting (no sign of life yet) get their start-up allowance
+                delay = max(interval, self.hangs.startup_left())
+                self._exit_hang_timer = loop.call_later(delay, self.post, hang)
         else:
             decision = self._decide(failure)
             self.ledger.decided_s = self.clock()
@@ -680,6 +690,7 @@ class Master:
         rep = self.replicas[decision.replica]
         rep.restarts += 1
         rep.state = ReplicaState.STARTING
+        self.hangs.starting(decision.replica)
         t0 = self.clock()
         await self.backend.start([self._launch(rep)])
         self.rec.restart_phases(record_id, stop_ms=0.0, start_ms=(self.clock() - t0) * 1000)
@@ -715,15 +726,30 @@ class Master:
         diag = await diagnose(targets, self.hangs.beats(), files, self.clock, self.backend.snapshot)
         self.ledger.snapshot_id = diag.record(self.rec, self.attempt, detected_s, ev.kind)
         self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
-        if ev.kind == "hang" and self.hangs.last_activity() > detected_s:
+        if ev.kind != "exit_hang" and self.hangs.last_activity() > detected_s:
             self.say("the job showed a sign of life while its stacks were taken: not a hang")
             self.rec.event(detected_s, None, "hang_cleared", diag.report.summary)
             self.hangs.rearm()
             self.ledger.snapshot_id = None
             return
+        importing = diag.importing()
+        if ev.kind == "hang" and importing and self._within_startup(detected_s):
+            # Inside an import (torch takes seconds on a fresh machine): still starting.
+            who = ", ".join(importing)
+            self.say(f"{who} still importing modules: not a hang; start-up allowance applies")
+            self.rec.event(detected_s, None, "hang_cleared", f"{who} still importing")
+            for name in importing:
+                self.hangs.starting(name)
+            self.hangs.rearm()
+            self.ledger.snapshot_id = None
+            return
         who = diag.culprit or ev.replica or self.primary
-        c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
-        failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c)
+        interval = ev.interval_s
+        if ev.kind == "startup_hang":
+            interval = max(self.ft.startup_timeout_s, ev.interval_s)
+        c = hang_failure(ev.kind, who, interval, ev.idle_s, diag.report.summary, diag.where)
+        tail = self.backend.log_tail(who)  # its last step: a hang at the same one recurs
+        failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c, tail)
         decision = self._decide(failure)
         self.ledger.decided_s = self.clock()
         self._attempt_failures = [failure]
@@ -731,6 +757,11 @@ class Master:
         self.say(f"{failure.classification.message} -> {describe(decision)}")
         await self._apply(decision, failure, failure.time_s)
         self.ledger.snapshot_id = None
+
+    def _within_startup(self, now_s: float) -> bool:
+        """Whether the attempt is younger than its start-up allowance."""
+        allowance = max(self.ft.startup_timeout_s, self.ft.job_hang_interval)
+        return now_s - self._attempt_started_s < allowance
 
     def _inject(self, inj: Injection) -> None:
         """Fire one injected fault (recorded as such) into the running attempt."""

@@ -11,7 +11,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -24,6 +23,7 @@ from pydantic import (
 
 from trainguard.errors import SpecError
 from trainguard.notify import NotifyRule
+from trainguard.safe_yaml import YamlProblem, parse_bounded, read_bounded
 
 UNLIMITED: Literal["unlimited"] = "unlimited"
 """The explicit spelling of "no limit" for a budget; -1 on input means the same."""
@@ -114,6 +114,16 @@ class WorkerPool(_Model):
     def _check_command(self) -> WorkerPool:
         if not self.command[0].strip():
             raise ValueError("command[0]: must name a program, got ''")
+        for i, arg in enumerate(self.command):
+            if "\x00" in arg:
+                raise ValueError(f"command[{i}]: holds a NUL byte, which no program can receive")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\x00" in key:
+                raise ValueError(
+                    f"env: {key!r} is not a variable name (empty, or with '=' or a NUL byte)"
+                )
+            if "\x00" in value:
+                raise ValueError(f"env.{key}: holds a NUL byte, which no process can receive")
         return self
 
 
@@ -146,6 +156,10 @@ class FaultTolerance(_Model):
     # trainguard turns them on (sync jobs only, as AIMaster).
     enable_job_hang_detection: bool = True
     job_hang_interval: float = Field(default=1800, gt=0)
+    # Until every replica has shown a sign of life (a line of output, an SDK call), this
+    # allowance applies instead of the hang interval (never shorter than it): imports
+    # and data loading are not a hang.
+    startup_timeout_s: float = Field(default=600, gt=0)
     enable_job_exit_hang_detection: bool = True
     job_exit_hang_interval: float = Field(default=600, gt=0)
     enable_c4d_hang_detection: bool = False
@@ -378,17 +392,16 @@ def validate_spec(data: Any) -> JobSpec:
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:
-    """Read a YAML (or JSON) job spec into plain data; errors name the file."""
+    """Read a YAML (or JSON) job spec into plain data; errors name the file.
+
+    Bounded (safe_yaml): at most 1 MiB, no alias bombs, no deep nesting, no key twice.
+    """
     try:
-        text = path.read_text()
+        data = parse_bounded(read_bounded(path))
     except OSError as exc:
         raise SpecError([f"{path}: cannot read the job spec ({exc.strerror})"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError([f"{path}: not valid YAML{where}"]) from None
+    except YamlProblem as exc:
+        raise SpecError([f"{path}: {exc}"]) from None
     if not isinstance(data, dict):
         raise SpecError([f"{path}: a job spec must be a mapping, got {type(data).__name__}"])
     return data

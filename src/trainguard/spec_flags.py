@@ -30,6 +30,7 @@ _FT_FLAGS = {
     "max_tolerated_failure_rate": "--max-tolerated-failure-rate",
     "enable_job_hang_detection": "--enable-job-hang-detection",
     "job_hang_interval": "--job-hang-interval",
+    "startup_timeout_s": "--startup-timeout",
     "enable_job_exit_hang_detection": "--enable-job-exit-hang-detection",
     "job_exit_hang_interval": "--job-exit-hang-interval",
     "stop_grace_period_s": "--stop-grace-period",
