@@ -28,6 +28,8 @@ class Server:
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.token = flags[flags.index("--token") + 1] if "--token" in flags else None
+        if "--token-file" in flags:
+            self.token = Path(flags[flags.index("--token-file") + 1]).read_text().strip()
 
     def start(self) -> Server:
         info = self.tg.home / "server.json"

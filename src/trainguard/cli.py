@@ -61,7 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("TRAINGUARD_SERVER"),
         help="a trainguard server's URL (default: $TRAINGUARD_SERVER; else this machine's store)",
     )
-    remote.add_argument("--token", help="the server's token (default: $TRAINGUARD_TOKEN)")
+    remote.add_argument(
+        "--token-file",
+        type=Path,
+        help="a file holding the server's token (default: $TRAINGUARD_TOKEN)",
+    )
+    remote.add_argument(
+        "--token", help="the token itself: visible to others in `ps`; prefer --token-file"
+    )
 
     run = sub.add_parser("run", help="run a job and supervise it until it ends")
     add_spec_flags(run)
@@ -82,7 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", type=Path, help="server settings (YAML)")
     srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, help="port (default 8470; 0 picks a free one)")
-    srv.add_argument("--token", help="require this token (default: $TRAINGUARD_TOKEN)")
+    srv.add_argument(
+        "--token-file", type=Path, help="require the token in this file (or $TRAINGUARD_TOKEN)"
+    )
+    srv.add_argument("--token", help="require this token: visible in `ps`; prefer --token-file")
     srv.add_argument("--cpus", type=float, help="quota: cpus for all running jobs")
     srv.add_argument("--gpus", help="quota: a GPU count, or the ids to hand out (0,1,2,3)")
     srv.add_argument("--memory", help="quota: memory, e.g. 64Gi")
@@ -389,7 +399,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from trainguard.server import serve
     from trainguard.server_config import load_server_config
 
-    overrides = {k: getattr(args, k) for k in ("host", "port", "token", "cpus", "gpus", "memory")}
+    overrides = {k: getattr(args, k) for k in ("host", "port", "cpus", "gpus", "memory")}
+    overrides["token"] = _token(args)
     overrides["db"] = args.db
     config = load_server_config(args.config, overrides)
     return serve(config, Path(args.home).resolve() if args.home else None)
@@ -418,7 +429,22 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
                     "(start one with `trainguard server`)"
                 ]
             )
-    return Client(url, getattr(args, "token", None)) if url else None
+    return Client(url, _token(args)) if url else None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token-file's content, else --token; None leaves it to $TRAINGUARD_TOKEN."""
+    path: Path | None = getattr(args, "token_file", None)
+    if path is None:
+        return getattr(args, "token", None)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or "not text"
+        raise SpecError([f"--token-file {path}: cannot read it ({why})"]) from None
+    if not token:
+        raise SpecError([f"--token-file {path}: the file is empty"])
+    return token
 
 
 _READERS: dict[str, Callable[[argparse.Namespace, Reader], int]] = {

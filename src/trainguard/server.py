@@ -12,6 +12,7 @@ import uvicorn
 
 from trainguard.api import create_app
 from trainguard.childwatch import pidfd_child_watcher
+from trainguard.http_guard import Guard
 from trainguard.server_config import ServerConfig
 from trainguard.service import Service
 from trainguard.store import Store
@@ -31,7 +32,7 @@ async def _serve(service: Service, config: ServerConfig) -> int:
 
 
 async def _serve_on(service: Service, config: ServerConfig) -> int:
-    app = create_app(service)
+    app = Guard(create_app(service), config.host, config.allowed_hosts)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

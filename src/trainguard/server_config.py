@@ -45,6 +45,9 @@ class ServerConfig(BaseModel):
     port: int = Field(default=8470, ge=0, le=65535)
     db: str | None = None
     token: str | None = None
+    # Host names (besides the address it listens on) that requests may use, e.g. a DNS
+    # name in front of it; any other Host header is refused (DNS rebinding).
+    allowed_hosts: list[str] = Field(default_factory=list)
     quota: QuotaConfig = Field(default_factory=QuotaConfig)
     # Rules for every job of this server, on top of each job's own.
     notifications: list[NotifyRule] = Field(default_factory=list)
