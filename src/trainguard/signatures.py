@@ -1,7 +1,9 @@
 """The catalogue of failure signatures (R-CLS-3): data in `signatures.yaml`, not code.
 
 `Rules` bundles the built-in catalogue with a job's own retryable keywords; user
-keywords are checked first.
+keywords are checked first. The catalogue is ours and uses Python's `re`; a user's
+pattern (spec, `--retryable-error`, `set_retryable_errors`) runs in RE2, which takes
+linear time on any input, so no pattern can freeze the master on a log line.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
+import re2  # type: ignore[import-untyped]
 import yaml
 
 _CLASSES = frozenset(
@@ -37,10 +40,16 @@ class Untrained:
     reason: str
 
 
+class Matcher(Protocol):
+    """What a signature needs of a compiled pattern (Python's `re` or RE2)."""
+
+    def search(self, string: str, /) -> object | None: ...
+
+
 @dataclass(frozen=True)
 class Signature:
     id: str
-    pattern: re.Pattern[str]
+    pattern: Matcher
     failure_class: str
     retryable: bool
     reason: str
@@ -107,14 +116,24 @@ def builtin_catalogue() -> tuple[Signature, ...]:
     return parse_catalogue(text)
 
 
+def compile_user_pattern(text: str) -> Matcher:
+    """A user's regex in RE2 (case-insensitive); what RE2 cannot parse (a backreference,
+    a lookahead, a stray bracket) is matched as the plain keyword it then most likely is."""
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False  # RE2 would print to stderr
+    try:
+        return re2.compile(text, options)  # type: ignore[no-any-return]
+    except re2.error:
+        options.literal = True
+        return re2.compile(text, options)  # type: ignore[no-any-return]
+
+
 def user_signatures(keywords: tuple[str, ...], source: str) -> tuple[Signature, ...]:
     """A job's own retryable keywords (regexes), as signatures checked before the catalogue."""
     out = []
     for i, kw in enumerate(keywords):
-        try:
-            pattern = re.compile(kw, re.IGNORECASE)
-        except re.error:
-            pattern = re.compile(re.escape(kw), re.IGNORECASE)
+        pattern = compile_user_pattern(kw)
         out.append(
             Signature(
                 id=f"{source}-{i}",
