@@ -148,21 +148,24 @@ def test_minimal_spec_gets_defaults() -> None:
         (
             _spec(fault_tolerance={"max_num_of_job_restart": "x"}),
             [
-                "fault_tolerance.max_num_of_job_restart: must be a whole number >= 0, "
+                "fault_tolerance.max_num_of_job_restart: must be a whole number "
+                "from 0 to 1000000000, "
                 "or 'unlimited' (or -1), got 'x'"
             ],
         ),
         (
             _spec(fault_tolerance={"max_replica_restarts": -2}),
             [
-                "fault_tolerance.max_replica_restarts: must be a whole number >= 0, "
+                "fault_tolerance.max_replica_restarts: must be a whole number "
+                "from 0 to 1000000000, "
                 "or 'unlimited' (or -1), got -2"
             ],
         ),
         (
             _spec(fault_tolerance={"max_transient_restarts": True}),
             [
-                "fault_tolerance.max_transient_restarts: must be a whole number >= 0, "
+                "fault_tolerance.max_transient_restarts: must be a whole number "
+                "from 0 to 1000000000, "
                 "or 'unlimited' (or -1), got True"
             ],
         ),

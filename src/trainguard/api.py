@@ -18,6 +18,7 @@ from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, T
 from trainguard.metrics import render_metrics
 from trainguard.queries import StoreReader
 from trainguard.service import Service
+from trainguard.spec import MAX_LIMIT
 
 JOB_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 REPLICA = r"^[a-z][a-z0-9_-]{0,31}-[0-9]{1,5}$"
@@ -105,7 +106,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/api/jobs/{ref}/stacks")
     def stacks(
-        ref: JobRef, attempt: Annotated[int | None, Query(ge=0)] = None
+        ref: JobRef, attempt: Annotated[int | None, Query(ge=0, le=MAX_LIMIT)] = None
     ) -> list[dict[str, Any]]:
         return reader.stacks(ref, attempt)
 
@@ -126,7 +127,7 @@ def create_app(service: Service) -> FastAPI:
     def logs(
         ref: JobRef,
         replica: Annotated[str | None, Query(pattern=REPLICA)] = None,
-        attempt: Annotated[int | None, Query(ge=0)] = None,
+        attempt: Annotated[int | None, Query(ge=0, le=MAX_LIMIT)] = None,
         tail: Annotated[int | None, Query(ge=0, le=100000)] = None,
     ) -> dict[str, Any]:
         return reader.log(ref, replica, attempt, tail)

@@ -1,8 +1,9 @@
 """The server's queue rules (R-REC-3): pure functions of (queue, what is in use, quota, now).
 
 A job asks for the sum of its replicas' resources (a replica that names no cpus counts
-as one). The queue is strict FIFO within priority, so a big job is never starved by
-small ones behind it; only a job that could never fit the whole quota steps aside.
+as one, and none less than 0.1). The queue is strict FIFO within priority, so a big job
+is never starved by small ones behind it; only a job that could never fit the whole
+quota steps aside.
 """
 
 from __future__ import annotations
@@ -54,12 +55,18 @@ class Request:
         return {"cpus": self.cpus, "gpus": self.gpus, "memory_b": self.memory_b}
 
 
+MIN_CPUS_PER_REPLICA = 0.1
+"""Each replica is a process: it counts at least this much, so a job of 4096 replicas at
+0.0001 cpus each cannot pass a quota of one cpu."""
+
+
 def request_of(spec: JobSpec) -> Request:
     total = Request()
     for pool in spec.worker_pools:
         res = pool.resources
         mem = parse_memory(res.memory) if res.memory else 0
-        one = Request(res.cpus if res.cpus is not None else 1.0, res.gpus, mem)
+        cpus = 1.0 if res.cpus is None else max(res.cpus, MIN_CPUS_PER_REPLICA)
+        one = Request(cpus, res.gpus, mem)
         for _ in range(pool.replicas):
             total = total + one
     return total

@@ -28,20 +28,30 @@ from trainguard.safe_yaml import YamlProblem, parse_bounded, read_bounded
 UNLIMITED: Literal["unlimited"] = "unlimited"
 """The explicit spelling of "no limit" for a budget; -1 on input means the same."""
 
+MAX_LIMIT = 10**9
+"""A budget above this is a typo: 'unlimited' says "no limit"."""
+MAX_SECONDS = 10**7
+"""About 115 days: a longer interval is a typo (and overflows the event loop's timers)."""
+MAX_REPLICAS = 4096
+"""Replicas of one job, in all its pools."""
+
 
 def _limit(value: Any) -> Any:
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("unlimited", "-1", "inf"):
             return UNLIMITED
-        if text.isdigit():
+        if text.isdigit() and int(text) <= MAX_LIMIT:
             return int(text)
     elif isinstance(value, int) and not isinstance(value, bool):
         if value == -1:
             return UNLIMITED
-        if value >= 0:
+        if 0 <= value <= MAX_LIMIT:
             return value
-    raise ValueError(f"must be a whole number >= 0, or 'unlimited' (or -1), got {value!r}")
+    shown = value if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+    raise ValueError(
+        f"must be a whole number from 0 to {MAX_LIMIT}, or 'unlimited' (or -1), got {shown!r}"
+    )
 
 
 Limit = Annotated[int | Literal["unlimited"], BeforeValidator(_limit)]
@@ -87,8 +97,8 @@ _MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|[kmgt]b?|)$")
 
 
 class Resources(_Model):
-    cpus: float | None = Field(default=None, gt=0)
-    gpus: int = Field(default=0, ge=0)
+    cpus: float | None = Field(default=None, gt=0, le=4096)
+    gpus: int = Field(default=0, ge=0, le=1024)
     memory: str | None = None
     custom: dict[str, float] = Field(default_factory=dict)  # Ray custom resources
 
@@ -105,7 +115,7 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 class WorkerPool(_Model):
     role: str = Field(default="worker", pattern=_ROLE)
-    replicas: int = Field(default=1, ge=1, le=4096)
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
@@ -155,13 +165,13 @@ class FaultTolerance(_Model):
     # AIMaster defaults both detectors to off; at these intervals they cost nothing, so
     # trainguard turns them on (sync jobs only, as AIMaster).
     enable_job_hang_detection: bool = True
-    job_hang_interval: float = Field(default=1800, gt=0)
+    job_hang_interval: float = Field(default=1800, gt=0, le=MAX_SECONDS)
     # Until every replica has shown a sign of life (a line of output, an SDK call), this
     # allowance applies instead of the hang interval (never shorter than it): imports
     # and data loading are not a hang.
-    startup_timeout_s: float = Field(default=600, gt=0)
+    startup_timeout_s: float = Field(default=600, gt=0, le=MAX_SECONDS)
     enable_job_exit_hang_detection: bool = True
-    job_exit_hang_interval: float = Field(default=600, gt=0)
+    job_exit_hang_interval: float = Field(default=600, gt=0, le=MAX_SECONDS)
     enable_c4d_hang_detection: bool = False
 
     @model_validator(mode="before")
@@ -180,8 +190,8 @@ class CheckpointPolicy(_Model):
     # A new job that starts from a given checkpoint folder: it is committed as the first
     # checkpoint of this job, so get_checkpoint() offers it (`--from-checkpoint PATH`).
     initial: str | None = None
-    keep_last: int = Field(default=3, ge=1)
-    keep_best: int = Field(default=0, ge=0)
+    keep_last: int = Field(default=3, ge=1, le=MAX_LIMIT)
+    keep_best: int = Field(default=0, ge=0, le=MAX_LIMIT)
     score_attribute: str | None = None
     score_order: Literal["max", "min"] = "max"
 
@@ -190,7 +200,9 @@ class QueuePolicy(_Model):
     """How a job waits for the server's quota (R-REC-3)."""
 
     priority: int = Field(default=0, ge=-1000, le=1000)  # higher runs first; FIFO within
-    max_wait_s: float | None = Field(default=None, gt=0)  # then EXPIRED; None: wait forever
+    max_wait_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS
+    )  # then EXPIRED; None: wait forever
     # A request larger than the whole quota, or a capacity failure at start, waits for
     # capacity instead of failing the job (Vertex's flex-start idea).
     wait_for_capacity: bool = False
@@ -211,7 +223,7 @@ class RayOptions(_Model):
 
     address: str = "auto"  # `auto`, host:port of the GCS, or ray://host:10001
     placement_strategy: Literal["spread", "pack"] = "spread"
-    placement_timeout_s: float = Field(default=60.0, gt=0)
+    placement_timeout_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
     driver_ip: str | None = None  # the master's own address in the cluster (tests: 127.0.0.1)
 
     @model_validator(mode="before")
@@ -282,6 +294,9 @@ class JobSpec(_Model):
         from trainguard.frameworks import PRESETS
 
         problems = PRESETS[self.framework].problems(self)
+        total = sum(pool.replicas for pool in self.worker_pools)
+        if total > MAX_REPLICAS:
+            problems.append(f"worker_pools: {total} replicas in all, at most {MAX_REPLICAS}")
         if self.allow_partial and not PRESETS[self.framework].partial_results:
             problems.append(f"allow_partial: a {self.framework} job cannot succeed in part")
         if problems:

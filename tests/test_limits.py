@@ -1,0 +1,64 @@
+"""Bounded input: huge numbers, too many replicas and fractional cpus get one line each."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TG
+
+from trainguard.errors import SpecError
+from trainguard.quota import MIN_CPUS_PER_REPLICA, request_of
+from trainguard.spec import MAX_LIMIT, validate_spec
+
+
+def _problems(data: dict[str, object]) -> list[str]:
+    with pytest.raises(SpecError) as exc:
+        validate_spec(data)
+    return exc.value.problems
+
+
+@pytest.mark.parametrize(
+    ("ft", "field"),
+    [
+        ({"max_num_of_job_restart": 10**30}, "fault_tolerance.max_num_of_job_restart"),
+        ({"max_num_of_job_restart": str(10**30)}, "fault_tolerance.max_num_of_job_restart"),
+        ({"job_hang_interval": 1e30}, "fault_tolerance.job_hang_interval"),
+        ({"startup_timeout_s": 1e30}, "fault_tolerance.startup_timeout_s"),
+    ],
+)
+def test_huge_numbers_are_refused_by_name(ft: dict[str, object], field: str) -> None:
+    problems = _problems({"name": "j", "worker_pools": [{"command": ["x"]}], "fault_tolerance": ft})
+    assert any(p.startswith(field) for p in problems), problems
+    assert all(len(p) < 200 for p in problems)
+
+
+def test_the_largest_budget_and_unlimited_still_work() -> None:
+    spec = validate_spec(
+        {
+            "name": "j",
+            "worker_pools": [{"command": ["x"]}],
+            "fault_tolerance": {"max_num_of_job_restart": MAX_LIMIT},
+        }
+    )
+    assert spec.fault_tolerance.max_num_of_job_restart == MAX_LIMIT
+
+
+def test_too_many_replicas_in_all_pools() -> None:
+    pools = [{"role": f"r{i}", "replicas": 4000, "command": ["x"]} for i in range(2)]
+    problems = _problems({"name": "j", "worker_pools": pools, "framework": "generic"})
+    assert any("8000 replicas in all, at most 4096" in p for p in problems), problems
+
+
+def test_fractional_cpus_cannot_slip_under_a_quota() -> None:
+    spec = validate_spec(
+        {
+            "name": "j",
+            "worker_pools": [{"replicas": 1000, "command": ["x"], "resources": {"cpus": 0.0001}}],
+        }
+    )
+    assert request_of(spec).cpus == pytest.approx(1000 * MIN_CPUS_PER_REPLICA)
+
+
+def test_a_huge_flag_is_exit_2_with_one_line(tg: TG) -> None:
+    res = tg("run", "--max-restarts", str(10**30), "--", "true")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "max_num_of_job_restart" in res.stderr and "10000" in res.stderr
