@@ -307,7 +307,16 @@ NCCL_TIMEOUT = (
 
 
 def test_an_nccl_style_timeout_with_exit_1_is_retried(tg: TG) -> None:
-    rc, err = run(tg, actions=(f"1@0:print:{NCCL_TIMEOUT}", "1@0:exit:1", "*:sleep:0.2"))
+    """After training ran (a step line): a collective timeout, retried with confidence."""
+    rc, err = run(
+        tg,
+        actions=(
+            "*:print:step 40 loss 0.3",
+            f"1@0:print:{NCCL_TIMEOUT}",
+            "1@0:exit:1",
+            "*:sleep:0.2",
+        ),
+    )
     assert rc == 0, err
     job = tg.only_job()
     assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
@@ -318,6 +327,19 @@ def test_an_nccl_style_timeout_with_exit_1_is_retried(tg: TG) -> None:
         True,
     )
     assert "Watchdog caught collective operation timeout" in f["matched_line"]
+    assert f["confidence"] == 0.9 and f["phase"] == "training"
+
+
+def test_an_nccl_timeout_before_any_step_is_retried_once(tg: TG) -> None:
+    """No sign of training before it: as often a bug or set-up error, so one retry only."""
+    rc, _ = run(tg, actions=(f"1:print:{NCCL_TIMEOUT}", "1:exit:1", "*:sleep:0.2"))
+    assert rc == 1
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("FAILED", 2)
+    roots = [f for f in tg.json("explain", job["id"])["failures"] if f["root_cause"]]
+    assert [f["rule"] for f in roots] == ["collective-timeout-untrained"] * 2
+    assert roots[0]["confidence"] < 0.6
+    assert "uncertain" in roots[1]["decision"] or "not transient" in roots[1]["decision"]
 
 
 @pytest.mark.parametrize("how", ["spec", "sdk"])
@@ -350,6 +372,8 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
         "100",
         "--enable-repeat-detection",
         "false",
+        "--max-uncertain-restarts",
+        "unlimited",
         "--",
         *child(
             f"*:pidfile:{pids}.a{{attempt}}",

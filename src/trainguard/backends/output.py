@@ -7,11 +7,27 @@ on Ray from the actor that runs the replica on its node.
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from trainguard.logtail import MAX_LINE, Tail
+
+LOG_RETRY_S = 5.0
+"""How often a log that could not be written is tried again (a disk that filled up)."""
+
+_warned: set[str] = set()
+
+
+def warn_once(text: str) -> None:
+    """One line on stderr per distinct problem, not one per chunk of output."""
+    key = text.split(" (", 1)[0]
+    if key not in _warned:
+        _warned.add(key)
+        with contextlib.suppress(OSError, ValueError):
+            print(text, file=sys.stderr, flush=True)
 
 
 class RunOutput:
@@ -23,19 +39,60 @@ class RunOutput:
         on_output: Callable[[bool], None],
     ) -> None:
         """`on_output(first)` is told of every chunk; `first` is True once, for the first."""
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         self.replica = replica
-        self.log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+        self.log_path = log_path
+        self.log: BinaryIO | None = None
+        self._lost = 0  # bytes not written to the log while it could not be written
+        self._retry_at = 0.0
+        self._open_log()
         self.tail = Tail()
         self._tee = tee
         self._on_output = on_output
         self._partial = b""
         self._seen = False
 
+    def _open_log(self) -> None:
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - see close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        """A full disk (or a gone folder) must not stop the supervision: log less, go on."""
+        self._retry_at = time.monotonic() + LOG_RETRY_S
+        warn_once(
+            f"trainguard: cannot write replica logs under {self.log_path.parent} "
+            f"({exc.strerror or exc}); supervising on, output kept in memory tails only, "
+            f"retrying every {LOG_RETRY_S:g} s"
+        )
+
+    def _write(self, data: bytes) -> None:
+        if self.log is None:
+            if time.monotonic() < self._retry_at:
+                self._lost += len(data)
+                return
+            self._open_log()
+            if self.log is None:
+                self._lost += len(data)
+                return
+        try:
+            if self._lost:
+                note = f"\n[trainguard: {self._lost} bytes of output not written here]\n"
+                self.log.write(note.encode())
+                self._lost = 0
+            self.log.write(data)
+        except OSError as exc:
+            self._lost += len(data)
+            with contextlib.suppress(OSError):
+                self.log.close()
+            self.log = None
+            self._failed(exc)
+
     def feed(self, data: bytes) -> None:
         if not data:
             return
-        self.log.write(data)
+        self._write(data)
         first, self._seen = not self._seen, True
         self._on_output(first)
         lines = (self._partial + data).split(b"\n")
@@ -53,7 +110,9 @@ class RunOutput:
 
     def close(self) -> None:
         self.end()
-        self.log.close()
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                self.log.close()
 
     def _take(self, lines: list[bytes]) -> None:
         out: list[str] = []
