@@ -358,58 +358,46 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
 _COLLECTIVE_RULES = frozenset({"collective-timeout", "nccl-error"})
 
 
+def _reread(
+    v: Verdict, cls: FailureClass, retryable: bool, rule: str, confidence: float, note: str
+) -> Verdict:
+    """The verdict as the context reads it instead."""
+    return replace(
+        v, cls=cls, retryable=retryable, rule=rule, confidence=confidence, notes=(*v.notes, note)
+    )
+
+
+def _doubt(v: Verdict, note: str) -> Verdict:
+    """The same verdict, uncertain: a retryable one is retried once."""
+    return replace(v, confidence=min(v.confidence, 0.5), notes=(*v.notes, note))
+
+
 def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
     """What the rest of the log changes about a signature's verdict."""
     m = v.matched
     if v.cls is FailureClass.DEVICE_OOM:
         held = gpu_held_elsewhere(lines)
         if held is not None:
-            return replace(
-                v,
-                cls=FailureClass.CAPACITY,
-                retryable=True,
-                rule="gpu-memory-held-elsewhere",
-                confidence=0.7,
-                notes=(*v.notes, held),
-            )
+            return _reread(v, FailureClass.CAPACITY, True, "gpu-memory-held-elsewhere", 0.7, held)
     if v.rule in _COLLECTIVE_RULES:
         why = collective_mismatch(lines)
         if why is not None:
-            return replace(
-                v,
-                cls=FailureClass.USER_ERROR,
-                retryable=False,
-                rule="collective-mismatch",
-                confidence=0.75,
-                notes=(*v.notes, f"{why}: a bug, not the network"),
-            )
+            note = f"{why}: a bug, not the network"
+            return _reread(v, FailureClass.USER_ERROR, False, "collective-mismatch", 0.75, note)
         if phase is not Phase.TRAINING and first_collectives(lines):
-            return replace(
-                v,
-                confidence=min(v.confidence, 0.5),
-                notes=(*v.notes, "failed in the first collectives, before any step: retried once"),
-            )
+            return _doubt(v, "failed in the first collectives, before any step: retried once")
         solo = solo_work_before_timeout(lines)
         if solo is not None:
-            return replace(
+            return _doubt(
                 v,
-                confidence=min(v.confidence, 0.5),
-                notes=(
-                    *v.notes,
-                    f"the timeout follows work some ranks do alone ({_short(solo, 80)!r}): "
-                    "retried once",
-                ),
+                f"the timeout follows work some ranks do alone ({_short(solo, 80)!r}): "
+                "retried once",
             )
     if m is not None and m.untrained is not None and phase is not Phase.TRAINING:
         u = m.untrained
-        return replace(
-            v,
-            cls=FailureClass(u.failure_class),
-            retryable=u.retryable,
-            rule=f"{m.id}-untrained",
-            confidence=u.confidence,
-            notes=(*v.notes, f"no training step before it: {u.reason}"),
-        )
+        note = f"no training step before it: {u.reason}"
+        cls = FailureClass(u.failure_class)
+        return _reread(v, cls, u.retryable, f"{m.id}-untrained", u.confidence, note)
     return v
 
 
