@@ -35,4 +35,9 @@ class ResumeError(TrainguardError):
 
 
 class StoreError(TrainguardError):
-    pass
+    """The store refused a read or a write. `transient`: locked, full, unreachable for now
+    (an OperationalError), so the same write may succeed later."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient

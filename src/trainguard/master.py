@@ -140,6 +140,7 @@ class Master:
         self.ft = spec.fault_tolerance
         self.backend = backend
         self.rec = recorder
+        recorder.say = say
         self.log_dir = log_dir
         self.cwd = cwd
         self.say = say
@@ -236,6 +237,7 @@ class Master:
             await self.backend.close()
             await self._settle()
             await self.sdk.close()
+            await self.rec.drain()  # what a locked or full store held: written now
         self.outcome.restarts = self.ledger.restarts
         return self.outcome
 
@@ -253,7 +255,7 @@ class Master:
                 await self._on_hang(event)
             case CapacityRetry():
                 if self.state is JobState.RESTARTING and event.attempt == self.attempt:
-                    self.rec.store.update_job(self.job_id, queued_reason=None)
+                    self.rec.queued(None)
                     await self._start_attempt()
 
     # -------------------------------------------------------------- transitions

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainguard.classify import Classification
+from trainguard.errors import StoreError
 from trainguard.notify import Notifier
 from trainguard.policy import Failure
 from trainguard.states import JobState, ReplicaState
@@ -26,6 +31,11 @@ from trainguard.store import (
 
 NODE = socket.gethostname()
 
+RETRY_S = 2.0
+"""How often held writes are tried again while the store refuses them."""
+DRAIN_S = 600.0
+"""How long a master that has finished waits for its store to take what is held."""
+
 
 class Recorder:
     """Writes the rows, and tells the notifier (if any) what people may want to hear."""
@@ -34,6 +44,89 @@ class Recorder:
         self.store = store
         self.job_id = job_id
         self.notifier = notifier
+        # Writes the store refused for now (locked, disk full), in order, with the
+        # placeholder id each insert handed out; written when the store takes them again.
+        self._backlog: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], int]] = []
+        self._ids: dict[int, int] = {}  # placeholder -> the row's real id
+        self._next_placeholder = -1
+        self._retry_at = 0.0
+        self.say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------ writes that wait
+
+    def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Write now, or hold the write in memory while the store is locked or full.
+
+        The master never stops (or restarts a finished job) because its store is busy:
+        a held insert returns a placeholder id that later writes may use.
+        """
+        if self._backlog and not self.flush():
+            return self._defer(fn, args, kwargs)
+        try:
+            return fn(*self._resolve(args), **kwargs)
+        except StoreError as exc:
+            if not exc.transient:
+                raise
+            self._retry_at = time.monotonic() + RETRY_S
+            self.say(
+                f"trainguard: the store refused a write ({exc}); holding writes in memory "
+                f"and retrying every {RETRY_S:g} s"
+            )
+            return self._defer(fn, args, kwargs)
+
+    def _insert(self, table: Any, **values: Any) -> int:
+        """A row's id, or the placeholder of an insert held for later."""
+        return int(self._write(self.store.insert, table, **values))
+
+    def _defer(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        placeholder = self._next_placeholder
+        self._next_placeholder -= 1
+        self._backlog.append((fn, args, kwargs, placeholder))
+        return placeholder
+
+    def _resolve(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Positional ints below 0 are the placeholders of held inserts (ids are > 0)."""
+        return tuple(self._ids.get(a, a) if type(a) is int and a < 0 else a for a in args)
+
+    def flush(self, force: bool = False) -> bool:
+        """Write what is held, in order; True when nothing is held any more."""
+        if not self._backlog:
+            return True
+        if not force and time.monotonic() < self._retry_at:
+            return False
+        while self._backlog:
+            fn, args, kwargs, placeholder = self._backlog[0]
+            try:
+                result = fn(*self._resolve(args), **kwargs)
+            except StoreError as exc:
+                if exc.transient:
+                    self._retry_at = time.monotonic() + RETRY_S
+                    return False
+                self.say(f"trainguard: a held write was refused for good ({exc}); dropped")
+                result = None
+            self._backlog.pop(0)
+            if type(result) is int:
+                self._ids[placeholder] = result
+        self.say("trainguard: the store takes writes again; every held write is recorded")
+        return True
+
+    @property
+    def held(self) -> int:
+        """How many writes wait for the store."""
+        return len(self._backlog)
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> bool:
+        """At the job's end: keep trying until what is held is written (or time is up)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.flush(force=True):
+            if time.monotonic() >= deadline:
+                self.say(
+                    f"trainguard: {self.held} writes could not be recorded: "
+                    "the store stayed locked or full"
+                )
+                return False
+            await asyncio.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
+        return True
 
     def _notify(self, kind: str, text: str, **fields: Any) -> None:
         if self.notifier is not None:
@@ -74,7 +167,9 @@ class Recorder:
     ) -> None:
         if state.is_terminal:
             job_values.setdefault("ended_at_s", at_s)
-        self.store.record_transition(self.job_id, prev, state, at_s, reason, **job_values)
+        self._write(
+            self.store.record_transition, self.job_id, prev, state, at_s, reason, **job_values
+        )
         self._notify(
             "state_change",
             f"{prev.value} -> {state.value}: {reason}",
@@ -83,8 +178,12 @@ class Recorder:
             error_code=job_values.get("error_code"),
         )
 
+    def queued(self, reason: str | None) -> None:
+        """Why the job waits (None: it no longer does)."""
+        self._write(self.store.update_job, self.job_id, queued_reason=reason)
+
     def attempt_started(self, number: int, at_s: float, addr: str, port: int) -> None:
-        self.store.insert(
+        self._insert(
             attempts,
             job_id=self.job_id,
             number=number,
@@ -92,10 +191,17 @@ class Recorder:
             master_addr=addr,
             master_port=port,
         )
-        self.store.update_job(self.job_id, attempts=number + 1)
+        self._write(self.store.update_job, self.job_id, attempts=number + 1)
 
     def attempt_ended(self, number: int, at_s: float, outcome: str, reason: str) -> None:
-        self.store.end_attempt(self.job_id, number, ended_at_s=at_s, outcome=outcome, reason=reason)
+        self._write(
+            self.store.end_attempt,
+            self.job_id,
+            number,
+            ended_at_s=at_s,
+            outcome=outcome,
+            reason=reason,
+        )
 
     def run_started(
         self,
@@ -109,7 +215,7 @@ class Recorder:
         at_s: float,
         node: str | None = None,
     ) -> int:
-        return self.store.insert(
+        return self._insert(
             replica_runs,
             job_id=self.job_id,
             attempt=attempt,
@@ -131,7 +237,8 @@ class Recorder:
         state: ReplicaState,
         tail: tuple[str, ...] = (),
     ) -> None:
-        self.store.update_row(
+        self._write(
+            self.store.update_row,
             replica_runs,
             run_id,
             state=state.value,
@@ -155,7 +262,7 @@ class Recorder:
         cascade_of: str | None = None,
     ) -> None:
         c = f.classification
-        self.store.insert(
+        self._insert(
             failure_records,
             job_id=self.job_id,
             attempt=f.attempt,
@@ -191,7 +298,7 @@ class Recorder:
         snapshots: list[dict[str, Any]],
     ) -> int:
         self._notify("hang", summary, kind_of_hang=kind, culprits=culprits, attempt=attempt)
-        return self.store.insert(
+        return self._insert(
             stack_snapshots,
             job_id=self.job_id,
             attempt=attempt,
@@ -205,7 +312,8 @@ class Recorder:
         )
 
     def progress(self, at_s: float, step: int | None, metrics: dict[str, object]) -> None:
-        self.store.update_job(
+        self._write(
+            self.store.update_job,
             self.job_id,
             last_step=step,
             last_metrics_json=json.dumps(metrics, sort_keys=True),
@@ -215,7 +323,7 @@ class Recorder:
     def step(
         self, attempt: int, step: int, at_s: float, checkpoint: str | None, commit_ms: float | None
     ) -> None:
-        self.store.insert(
+        self._insert(
             progress,
             job_id=self.job_id,
             attempt=attempt,
@@ -226,14 +334,19 @@ class Recorder:
         )
 
     def event(self, at_s: float, replica: str | None, kind: str, text: str) -> None:
-        self.store.insert(
-            events, job_id=self.job_id, at_s=at_s, replica=replica, kind=kind, text=text
+        self._insert(
+            events,
+            job_id=self.job_id,
+            at_s=at_s,
+            replica=replica,
+            kind=kind,
+            text=text,
         )
         if kind == "custom_message":
             self._notify("custom_message", text, replica=replica)
 
     def restart(self, **values: Any) -> int:
-        row = self.store.insert(restart_records, job_id=self.job_id, node=NODE, **values)
+        row = self._insert(restart_records, job_id=self.job_id, node=NODE, **values)
         about = {k: values.get(k) for k in ("replica", "failure_class", "error_code", "round")}
         text = f"{values.get('error_message')} -> {values.get('decision')}"
         self._notify("restart", text, **about)
@@ -242,4 +355,4 @@ class Recorder:
         return row
 
     def restart_phases(self, record_id: int, **phases_ms: float) -> None:
-        self.store.update_row(restart_records, record_id, **phases_ms)
+        self._write(self.store.update_row, restart_records, record_id, **phases_ms)

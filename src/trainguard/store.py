@@ -38,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from trainguard.errors import JobNotFound, StoreError
 
@@ -345,7 +345,10 @@ class Store:
                 yield conn
         except SQLAlchemyError as exc:
             kind = type(getattr(exc, "orig", None) or exc).__name__
-            raise StoreError(f"trainguard store error: {kind}: {_one_line(exc)}") from None
+            raise StoreError(
+                f"trainguard store error: {kind}: {_one_line(exc)}",
+                transient=isinstance(exc, OperationalError),
+            ) from None
 
     def close(self) -> None:
         self.engine.dispose()
