@@ -91,7 +91,7 @@ def test_an_injected_sigstop_is_a_hang_and_the_stopped_rank_is_named(tg: TG) -> 
         "stop:worker-1@0.5s",
         "--job-hang-interval",
         "2",
-        actions=("*@0:forever",),
+        actions=("*:print:up {rank}", "*@0:forever"),
     )
     assert rc == 0
     job = tg.only_job()

