@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.classify import ExitEvidence, FailureClass, classify_exit
+from trainguard.classify import ExitEvidence, FailureClass, classify_exit, failed_before_stop
 from trainguard.logcontext import (
     Phase,
     child_signal,
@@ -244,3 +244,14 @@ def test_a_timeout_right_after_a_save_is_retried_once() -> None:
     c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
     assert c.retryable and c.uncertain
     assert solo_work_before_timeout(lines[::2]) is None
+
+
+def test_a_stopped_replica_that_was_dying_of_its_own_error_says_so() -> None:
+    bug = ("Traceback (most recent call last):", '  File "t.py", line 3', "KeyError: 'lr'")
+    c = failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=bug))
+    assert c is not None and (c.rule, c.exit_code, c.retryable) == ("python-bug", 1, False)
+    reset = ("Traceback (most recent call last):", "RuntimeError: Connection reset by peer")
+    assert failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=reset)) is None
+    later = (*bug, *(f"step {i} loss 0.1" for i in range(20)))  # it went on after that
+    assert failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=later)) is None
+    assert failed_before_stop(ExitEvidence("w", 1, log_tail=bug)) is None  # not stopped

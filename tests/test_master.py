@@ -327,6 +327,39 @@ def test_root_cause_is_the_earliest_non_cascade_failure(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_replica_stopped_after_its_own_traceback_is_still_the_root_cause(
+    tmp_path: Path,
+) -> None:
+    """On a busy machine the master's stop can overtake a replica dying of a KeyError."""
+
+    class SlowToDie(FakeBackend):
+        async def stop(self, replicas: Any, grace_s: float) -> None:
+            self.stops.append(list(replicas))
+            for name in replicas:
+                launch = self.live.pop(name, None)
+                if launch is not None:  # it had printed its traceback, the stop came first
+                    bug = ("Traceback (most recent call last):", "KeyError: 'lr'", "")
+                    ev = ExitEvidence(name, -15, stop_requested=True, log_tail=bug)
+                    self.emit(ReplicaExited(launch.attempt, name, 0, 2, ev, 2.1))
+
+    async def scenario() -> None:
+        be = SlowToDie()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        launch = be.live.pop("worker-0")
+        reset = ("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer",)
+        ev = ExitEvidence("worker-0", -6, log_tail=reset, progressed=True)
+        be.emit(ReplicaExited(launch.attempt, "worker-0", 0, 1, ev, 2.0))
+        await drain(m)
+        assert m.state is JobState.FAILED and m.attempt == 0
+        roots = [f for f in store.failures_of("job-1") if f["root_cause"]]
+        assert [(f["replica"], f["rule"]) for f in roots] == [("worker-1", "python-bug")]
+        assert store.restarts_of("job-1") == []
+
+    asyncio.run(scenario())
+
+
 def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()

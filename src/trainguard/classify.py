@@ -408,6 +408,29 @@ def _shell_killed(lines: tuple[str, ...]) -> bool:
 _KILLED = re.compile(r"(^|[\]*\s])(Killed|已杀死)\**\s*$")
 
 
+_DYING_WORDS = 12
+"""Lines a dying process may print after its traceback (DDP and gloo shutdown noise)."""
+
+
+def failed_before_stop(ev: ExitEvidence, rules: Rules | None = None) -> Classification | None:
+    """A replica the master stopped that had already failed on its own: what it died of.
+
+    Its last words are an uncaught traceback that is not a peer's cascade (a KeyError, a
+    timeout of its own): the stop only overtook its exit, on a busy machine by seconds.
+    Counting it keeps the root cause right when its peer's cascade was seen first.
+    """
+    if not ev.stop_requested or ev.returncode == 0:
+        return None
+    block = exception_block(ev.log_tail)
+    if block is None or len(ev.log_tail) - (block[1] + 1) > _DYING_WORDS:
+        return None
+    # It was dying of the exception: it would have exited 1, whatever the stop's signal.
+    own = classify_exit(replace(ev, stop_requested=False, returncode=1), rules)
+    if not own.is_failure or own.cascade or own.matched_line is None:
+        return None
+    return replace(own, notes=(*own.notes, "it had failed on its own when the stop reached it"))
+
+
 def internal_failure(exc: BaseException) -> Classification:
     """A fault of trainguard or its backend, not of the job (retried twice, as Vertex)."""
     reason = f"{type(exc).__name__}: {exc}"

@@ -31,6 +31,7 @@ from trainguard.classify import (
     Classification,
     ExitKind,
     classify_exit,
+    failed_before_stop,
     hang_failure,
     internal_failure,
 )
@@ -464,6 +465,8 @@ class Master:
         if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
             evidence = replace(evidence, progressed=True)
         c = classify_exit(evidence, self.rules() if rep is not None else None)
+        if rep is not None:
+            c = failed_before_stop(evidence, self.rules()) or c
         state = {
             ExitKind.CLEAN: ReplicaState.SUCCEEDED,
             ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
