@@ -7,9 +7,14 @@ replicas had already finished: the command ran twice. Now the writes wait in mem
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,50 @@ def test_a_store_locked_past_its_busy_timeout_runs_the_command_once(tg: TG, tmp_
     assert len(Store(tg.home).runs_of(job["id"])) == 2
     assert "holding writes in memory" in err and "Internal error" not in err
     assert JobState(job["state"]) is JobState.SUCCEEDED
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of our own (root only), unmounted afterwards."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.fail("the full-disk test mounts a tmpfs: it needs root (CI runs as root)")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_state_folder_loses_nothing_once_space_returns(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    tg = TG(small_disk / "home")
+    assert tg("jobs").returncode == 0  # the store exists before the disk fills
+    filler = small_disk / "filler"
+    free = shutil.disk_usage(small_disk).free
+    filler.write_bytes(b"\0" * max(0, free - 64 * 1024))  # 64 KiB left
+    chatter = "x" * 200
+    proc = tg.start(
+        "run",
+        "--quiet",
+        "--nproc-per-node",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        f"import time\nfor i in range(400):\n    print('{chatter}', i, flush=True)\n"
+        "    time.sleep(0.005)\nprint('done', flush=True)\n",
+    )
+    time.sleep(6)  # the replicas run, print, and end while the disk is full
+    filler.unlink()  # space comes back
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err.count("cannot write replica logs") == 1, err  # one warning, not hundreds
+    assert "database or disk is full); holding writes in memory" in err
+    assert "the store takes writes again; every held write is recorded" in err
+    assert "Traceback" not in err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"], job["restarts"]) == ("SUCCEEDED", 1, 0)

@@ -50,7 +50,7 @@ class Recorder:
         self._ids: dict[int, int] = {}  # placeholder -> the row's real id
         self._next_placeholder = -1
         self._retry_at = 0.0
-        self.say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)
+        self.say: Callable[[str], None] = lambda text: print(f"trainguard: {text}", file=sys.stderr)
 
     # ------------------------------------------------------------ writes that wait
 
@@ -69,7 +69,7 @@ class Recorder:
                 raise
             self._retry_at = time.monotonic() + RETRY_S
             self.say(
-                f"trainguard: the store refused a write ({exc}); holding writes in memory "
+                f"the store refused a write ({exc}); holding writes in memory "
                 f"and retrying every {RETRY_S:g} s"
             )
             return self._defer(fn, args, kwargs)
@@ -102,12 +102,12 @@ class Recorder:
                 if exc.transient:
                     self._retry_at = time.monotonic() + RETRY_S
                     return False
-                self.say(f"trainguard: a held write was refused for good ({exc}); dropped")
+                self.say(f"a held write was refused for good ({exc}); dropped")
                 result = None
             self._backlog.pop(0)
             if type(result) is int:
                 self._ids[placeholder] = result
-        self.say("trainguard: the store takes writes again; every held write is recorded")
+        self.say("the store takes writes again; every held write is recorded")
         return True
 
     @property
@@ -121,8 +121,7 @@ class Recorder:
         while not self.flush(force=True):
             if time.monotonic() >= deadline:
                 self.say(
-                    f"trainguard: {self.held} writes could not be recorded: "
-                    "the store stayed locked or full"
+                    f"{self.held} writes could not be recorded: the store stayed locked or full"
                 )
                 return False
             await asyncio.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
