@@ -62,3 +62,13 @@ def test_a_huge_flag_is_exit_2_with_one_line(tg: TG) -> None:
     res = tg("run", "--max-restarts", str(10**30), "--", "true")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "max_num_of_job_restart" in res.stderr and "10000" in res.stderr
+
+
+def test_the_servers_quota_caps_running_replicas_in_all() -> None:
+    from trainguard.quota import DEFAULT_MAX_REPLICAS, Quota, Request
+
+    quota = Quota()
+    assert quota.replicas == DEFAULT_MAX_REPLICAS
+    used = Request(replicas=4000)
+    assert quota.shortage(Request(cpus=1, replicas=96), used) is None
+    assert quota.shortage(Request(cpus=1, replicas=97), used) == "97 replicas, 96 free"

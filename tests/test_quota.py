@@ -41,7 +41,7 @@ def test_request_sums_every_replica_and_counts_one_cpu_when_unset() -> None:
             ],
         }
     )
-    assert request_of(spec) == Request(cpus=7, gpus=3, memory_b=3 * 2**30)
+    assert request_of(spec) == Request(cpus=7, gpus=3, memory_b=3 * 2**30, replicas=4)
 
 
 def test_memory_sizes() -> None:

@@ -40,20 +40,35 @@ class Request:
     cpus: float = 0.0
     gpus: int = 0
     memory_b: int = 0
+    replicas: int = 0  # processes: each replica is one on the machines of the server
 
     def __add__(self, other: Request) -> Request:
         return Request(
-            self.cpus + other.cpus, self.gpus + other.gpus, self.memory_b + other.memory_b
+            self.cpus + other.cpus,
+            self.gpus + other.gpus,
+            self.memory_b + other.memory_b,
+            self.replicas + other.replicas,
         )
 
     def __sub__(self, other: Request) -> Request:
         return Request(
-            self.cpus - other.cpus, self.gpus - other.gpus, self.memory_b - other.memory_b
+            self.cpus - other.cpus,
+            self.gpus - other.gpus,
+            self.memory_b - other.memory_b,
+            self.replicas - other.replicas,
         )
 
     def as_dict(self) -> dict[str, float]:
-        return {"cpus": self.cpus, "gpus": self.gpus, "memory_b": self.memory_b}
+        return {
+            "cpus": self.cpus,
+            "gpus": self.gpus,
+            "memory_b": self.memory_b,
+            "replicas": self.replicas,
+        }
 
+
+DEFAULT_MAX_REPLICAS = 4096
+"""Running replicas of all of a server's jobs together, unless its quota says otherwise."""
 
 MIN_CPUS_PER_REPLICA = 0.1
 """Each replica is a process: it counts at least this much, so a job of 4096 replicas at
@@ -66,7 +81,7 @@ def request_of(spec: JobSpec) -> Request:
         res = pool.resources
         mem = parse_memory(res.memory) if res.memory else 0
         cpus = 1.0 if res.cpus is None else max(res.cpus, MIN_CPUS_PER_REPLICA)
-        one = Request(cpus, res.gpus, mem)
+        one = Request(cpus, res.gpus, mem, 1)
         for _ in range(pool.replicas):
             total = total + one
     return total
@@ -80,6 +95,7 @@ class Quota:
     gpus: int | None = None
     memory_b: int | None = None
     gpu_ids: tuple[int, ...] | None = None  # when set, jobs get these ids, not just a count
+    replicas: int | None = DEFAULT_MAX_REPLICAS  # running replicas of all jobs together
 
     def shortage(self, want: Request, used: Request) -> str | None:
         """`4 gpus, 2 free` for each resource `want` lacks; None if it fits."""
@@ -88,6 +104,7 @@ class Quota:
             ("cpus", self.cpus, want.cpus, used.cpus),
             ("gpus", self.gpus, want.gpus, used.gpus),
             ("memory", self.memory_b, want.memory_b, used.memory_b),
+            ("replicas", self.replicas, want.replicas, used.replicas),
         ):
             if limit is None or asked <= limit - taken + 1e-9:
                 continue
@@ -104,6 +121,7 @@ class Quota:
             "gpus": self.gpus,
             "memory_b": self.memory_b,
             "gpu_ids": list(self.gpu_ids) if self.gpu_ids is not None else None,
+            "replicas": self.replicas,
         }
 
 

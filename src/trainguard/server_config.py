@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainguard.errors import SpecError
 from trainguard.notify import NotifyRule
-from trainguard.quota import Quota, parse_memory
+from trainguard.quota import DEFAULT_MAX_REPLICAS, Quota, parse_memory
 from trainguard.spec import load_spec_file, validation_problems
 
 
@@ -22,6 +22,8 @@ class QuotaConfig(BaseModel):
     # A count, or the GPU ids to hand out (`0,1,2,3`): then each job gets its own ids.
     gpus: int | list[int] | None = None
     memory: str | None = None
+    # Running replicas of all jobs together (each is a process).
+    replicas: int = Field(default=DEFAULT_MAX_REPLICAS, ge=1, le=10**6)
 
     @model_validator(mode="after")
     def _check(self) -> QuotaConfig:
@@ -35,7 +37,7 @@ class QuotaConfig(BaseModel):
         ids = tuple(self.gpus) if isinstance(self.gpus, list) else None
         count = len(ids) if ids is not None else self.gpus if isinstance(self.gpus, int) else None
         mem = parse_memory(self.memory) if self.memory else None
-        return Quota(cpus=self.cpus, gpus=count, memory_b=mem, gpu_ids=ids)
+        return Quota(cpus=self.cpus, gpus=count, memory_b=mem, gpu_ids=ids, replicas=self.replicas)
 
 
 class ServerConfig(BaseModel):
