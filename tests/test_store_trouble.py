@@ -32,19 +32,20 @@ class FlakyStore(Store):
 
     locked = False
 
-    def update_job(self, job_id: str, **values: object) -> None:
+    def _check(self) -> None:
         if self.locked:
             raise StoreError("trainguard store error: OperationalError: locked", transient=True)
+
+    def update_job(self, job_id: str, **values: object) -> None:
+        self._check()
         super().update_job(job_id, **values)
 
     def insert(self, table: object, **values: object) -> int:  # type: ignore[override]
-        if self.locked:
-            raise StoreError("trainguard store error: OperationalError: locked", transient=True)
+        self._check()
         return super().insert(table, **values)  # type: ignore[arg-type]
 
     def update_row(self, table: object, row_id: int, **values: object) -> None:  # type: ignore[override]
-        if self.locked:
-            raise StoreError("trainguard store error: OperationalError: locked", transient=True)
+        self._check()
         super().update_row(table, row_id, **values)  # type: ignore[arg-type]
 
 
