@@ -190,7 +190,7 @@ def test_a_timeout_in_the_first_collectives_is_retried_once() -> None:
 def test_a_crash_with_a_cause_in_the_log_is_the_jobs(lines: list[str], user_error: bool) -> None:
     assert (crash_cause(lines) is not None) is user_error
     c = classify_exit(ExitEvidence("worker-0", -6, log_tail=(*lines, "Aborted (core dumped)")))
-    assert (not c.retryable) is user_error or c.failure_class is FailureClass.RETRYABLE_MESSAGE
+    assert c.retryable is not user_error
 
 
 def test_a_cuda_oom_with_the_memory_held_by_another_process_is_retryable() -> None:

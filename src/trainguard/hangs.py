@@ -95,12 +95,15 @@ class HangWatch:
         """The replicas that have shown no sign of life yet in this attempt."""
         return frozenset(self._pending)
 
+    def startup_allowance(self) -> float:
+        """How long a replica may take to show a sign of life: never under the interval."""
+        return max(self._startup_s, self._default)
+
     def startup_left(self) -> float:
         """Seconds of start-up allowance left while some replica is still starting, else 0."""
         if not self._pending:
             return 0.0
-        allowance = max(self._startup_s, self._default)
-        return max(0.0, self._since_s + allowance - self._clock())
+        return max(0.0, self._since_s + self.startup_allowance() - self._clock())
 
     def rearm(self) -> None:
         """A hang report turned out stale (the job moved again): keep watching."""
@@ -167,10 +170,12 @@ class HangWatch:
             wait = max(interval - idle, self.startup_left())
             if wait <= 0:
                 self._armed = False  # one report per attempt; the master re-arms it
-                kind: Literal["hang", "startup_hang"] = "hang"
                 if self._pending and len(self._pending) == self._expected:
-                    kind = "startup_hang"  # not one replica showed a sign of life
-                self._post(HangDetected(kind, self._attempt, interval, idle))
+                    # not one replica showed a sign of life: the allowance is what ran out
+                    allowance = self.startup_allowance()
+                    self._post(HangDetected("startup_hang", self._attempt, allowance, idle))
+                else:
+                    self._post(HangDetected("hang", self._attempt, interval, idle))
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)

@@ -464,9 +464,10 @@ class Master:
         evidence = ev.evidence
         if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
             evidence = replace(evidence, progressed=True)
-        c = classify_exit(evidence, self.rules() if rep is not None else None)
+        rules = self.rules() if rep is not None else None
+        c = classify_exit(evidence, rules)
         if rep is not None:
-            c = failed_before_stop(evidence, self.rules()) or c
+            c = failed_before_stop(evidence, rules) or c
         state = {
             ExitKind.CLEAN: ReplicaState.SUCCEEDED,
             ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
@@ -754,10 +755,7 @@ class Master:
             self.ledger.snapshot_id = None
             return
         who = diag.culprit or ev.replica or self.primary
-        interval = ev.interval_s
-        if ev.kind == "startup_hang":
-            interval = max(self.ft.startup_timeout_s, ev.interval_s)
-        c = hang_failure(ev.kind, who, interval, ev.idle_s, diag.report.summary, diag.where)
+        c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
         tail = self.backend.log_tail(who)  # its last step: a hang at the same one recurs
         failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c, tail)
         decision = self._decide(failure)
@@ -770,8 +768,7 @@ class Master:
 
     def _within_startup(self, now_s: float) -> bool:
         """Whether the attempt is younger than its start-up allowance."""
-        allowance = max(self.ft.startup_timeout_s, self.ft.job_hang_interval)
-        return now_s - self._attempt_started_s < allowance
+        return now_s - self._attempt_started_s < self.hangs.startup_allowance()
 
     def _inject(self, inj: Injection) -> None:
         """Fire one injected fault (recorded as such) into the running attempt."""
