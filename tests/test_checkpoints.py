@@ -182,3 +182,38 @@ def test_a_new_job_can_start_from_a_given_checkpoint(tg: TG, tmp_path: Path) -> 
     assert out == {"total": sum(range(1, 13)), "resumed_from": 9}
     res = tg("run", "--from-checkpoint", str(tmp_path / "nope"), "--", "true")
     assert res.returncode == 2 and "--from-checkpoint: not a folder" in res.stderr
+
+
+def test_an_empty_folder_is_not_a_checkpoint(tmp_path: Path) -> None:
+    storage, empty = tmp_path / "store", tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="holds no files"):
+        ck.commit(empty, storage)
+    # a manifest that lists no files (written by hand, or by an older writer) is refused too
+    (storage / "checkpoint_000001").mkdir(parents=True)
+    (storage / "checkpoint_000001" / ck.MANIFEST).write_text(json.dumps({"files": {}}))
+    assert not ck.verify(storage, "checkpoint_000001")
+    assert ck.latest(storage) is None
+
+
+def test_a_report_naming_an_uncommitted_checkpoint_is_refused(tmp_path: Path) -> None:
+    from trainguard.errors import CallRefused
+    from trainguard.keeper import CheckpointKeeper
+    from trainguard.spec import CheckpointPolicy
+
+    class Rec:
+        def __init__(self) -> None:
+            self.calls: list[object] = []
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a: self.calls.append((name, *a))
+
+    rec = Rec()
+    keeper = CheckpointKeeper(CheckpointPolicy(), tmp_path, rec)  # type: ignore[arg-type]
+    keeper.new_attempt(0)
+    with pytest.raises(CallRefused, match="checkpoint_000004 is not a committed checkpoint"):
+        keeper.on_progress("worker-0", 5, {}, "checkpoint_000004")
+    assert rec.calls == []  # nothing recorded for a refused report
+    name = ck.commit(_folder(tmp_path, "a", "1"), keeper.storage, step=5)
+    keeper.on_progress("worker-0", 5, {}, name)
+    assert [c[0] for c in rec.calls] == ["progress", "step", "event"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from test_policy import _failure
 
-from trainguard.frameworks import PRESETS, EnvContext, preset
+from trainguard.frameworks import PRESETS, EnvContext, Roster, preset
 from trainguard.layout import plan_replicas, replica_env
 from trainguard.policy import (
     Budgets,
@@ -25,14 +25,41 @@ def _spec(framework: str, pools: list[dict[str, Any]], **extra: Any) -> Any:
     return validate_spec({"name": "j", "framework": framework, "worker_pools": pools, **extra})
 
 
+class _CountedPlans(tuple):  # type: ignore[type-arg]
+    """The job's plans, counting how often a preset walks all of them."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        _CountedPlans.walks += 1
+        return super().__iter__()
+
+
 def _envs(spec: Any) -> dict[str, dict[str, str]]:
-    plans = tuple(plan_replicas(spec))
+    plans = _CountedPlans(plan_replicas(spec))
     addresses = {p.name: f"127.0.0.1:{7000 + p.rank}" for p in plans}
+    roster = Roster(plans, addresses)
     out = {}
     for plan in plans:
-        ctx = EnvContext(plan, plans, "job-1", "127.0.0.1", 29500, 0, 3, addresses)
+        ctx = EnvContext(plan, roster, "job-1", "127.0.0.1", 29500, 0, 3)
         out[plan.name] = replica_env(preset(spec.framework), ctx)
     return out
+
+
+@pytest.mark.parametrize("framework", sorted(PRESETS))
+def test_building_every_replicas_environment_is_linear(framework: str) -> None:
+    """Each preset walks the job's replicas a fixed number of times, not once per replica."""
+    roles = {"tensorflow": "worker", "mpi": "launcher"}
+    pools = [{"role": roles.get(framework, "worker"), "replicas": 300, "command": ["x"]}]
+    if framework == "mpi":
+        pools = [
+            {"role": "launcher", "command": ["x"]},
+            {"role": "worker", "replicas": 299, "command": ["x"]},
+        ]
+    _CountedPlans.walks = 0
+    envs = _envs(_spec(framework, pools))
+    assert len(envs) == 300
+    assert _CountedPlans.walks <= 4, _CountedPlans.walks  # the test's own two, and the preset's
 
 
 TF_POOLS = [

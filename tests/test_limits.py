@@ -23,6 +23,12 @@ def _problems(data: dict[str, object]) -> list[str]:
         ({"max_num_of_job_restart": str(10**30)}, "fault_tolerance.max_num_of_job_restart"),
         ({"job_hang_interval": 1e30}, "fault_tolerance.job_hang_interval"),
         ({"startup_timeout_s": 1e30}, "fault_tolerance.startup_timeout_s"),
+        ({"job_hang_interval": float("nan")}, "fault_tolerance.job_hang_interval"),
+        ({"job_hang_interval": float("inf")}, "fault_tolerance.job_hang_interval"),
+        ({"job_hang_interval": 0.001}, "fault_tolerance.job_hang_interval"),
+        ({"job_exit_hang_interval": 0.01}, "fault_tolerance.job_exit_hang_interval"),
+        ({"startup_timeout_s": 0.1}, "fault_tolerance.startup_timeout_s"),
+        ({"max_tolerated_failure_rate": float("nan")}, "fault_tolerance.max_tolerated"),
     ],
 )
 def test_huge_numbers_are_refused_by_name(ft: dict[str, object], field: str) -> None:
@@ -72,3 +78,58 @@ def test_the_servers_quota_caps_running_replicas_in_all() -> None:
     used = Request(replicas=4000)
     assert quota.shortage(Request(cpus=1, replicas=96), used) is None
     assert quota.shortage(Request(cpus=1, replicas=97), used) == "97 replicas, 96 free"
+
+
+def _spec(**extra: object) -> dict[str, object]:
+    return {"name": "j", "worker_pools": [{"replicas": 2, "command": ["x"]}], **extra}
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"fault_injection": ["exit:worker-1:300@5s"]}, "an exit status is 0 to 255"),
+        ({"fault_injection": ["signal:worker-1:KILL@1s,attempt=4"]}, "attempts 0 to 3 only"),
+        ({"fault_injection": ["signal:worker-1:KILL@99999999999s"]}, "at most"),
+        ({"fault_injection": ["stop:worker-1@step=10000000000000000000"]}, "at most"),
+        ({"gpu_inventory": [0, -1]}, "gpu_inventory"),
+    ],
+)
+def test_settings_that_can_never_take_effect_are_refused(
+    extra: dict[str, object], words: str
+) -> None:
+    problems = _problems(_spec(**extra))
+    assert any(words in p for p in problems), problems
+
+
+def test_an_injection_within_the_budget_or_unlimited_is_accepted() -> None:
+    validate_spec(_spec(fault_injection=["signal:worker-1:KILL@1s,attempt=3"]))
+    validate_spec(
+        _spec(
+            fault_injection=["signal:worker-1:KILL@1s,attempt=40"],
+            fault_tolerance={"max_num_of_job_restart": "unlimited"},
+        )
+    )
+    no_restart = _spec(
+        fault_injection=["signal:worker-1:KILL@1s,attempt=1"],
+        fault_tolerance={"enable_job_restart": False},
+    )
+    assert any("attempts 0 to 0 only" in p for p in _problems(no_restart))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("logs", "x", "--tail", "-5"),
+        ("logs", "x", "--tail", "0"),
+        ("logs", "x", "--attempt", "-1"),
+        ("jobs", "--limit", "0"),
+        ("jobs", "--limit", str(10**30)),
+        ("stacks", "x", "--attempt", "abc"),
+        ("server", "--port", "70000"),
+    ],
+)
+def test_nonsense_numbers_on_the_command_line_are_exit_2(tg: TG, argv: tuple[str, ...]) -> None:
+    res = tg(*argv)
+    assert res.returncode == 2, res
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert argv[-2] in res.stderr  # the flag is named

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from trainguard import sdk, sdk_server
+from trainguard.errors import CallRefused
 from trainguard.sdk_server import SdkServer, new_token
 
 pytestmark = pytest.mark.filterwarnings("error::trainguard.sdk.SdkWarning")
@@ -43,6 +44,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[object, ...]] = []
         self.fail = False
+        self.refuse: str | None = None  # on_report refuses with this reason
 
     def _add(self, *call: object) -> None:
         if self.fail:
@@ -63,6 +65,13 @@ class Recorder:
 
     def on_faulthandler(self, replica: str) -> None:
         self._add("faulthandler", replica)
+
+    def on_report(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        if self.refuse:
+            raise CallRefused(self.refuse)
+        self._add("report", replica, step, metrics, checkpoint)
 
 
 class Loop:
@@ -419,6 +428,11 @@ LONG = "r" * (sdk_server.MAX_REPLICA_CHARS + 1)
         ("/v1/heartbeat", '{"replica": "w", "step": true}', "step"),
         ("/v1/heartbeat", '{"replica": "w", "step": 1.5}', "step"),
         ("/v1/heartbeat", '{"replica": "w", "step": -1}', "step"),
+        ("/v1/heartbeat", json.dumps({"replica": "w", "step": 10**30}), "step"),
+        ("/v1/hang_detect", '{"replica": "w", "seconds": 1e30}', "seconds"),
+        ("/v1/report", '{"replica": "w", "metrics": {"loss": 1e999}}', "metrics.loss"),
+        ("/v1/report", json.dumps({"replica": "w", "metrics": {"n": 10**30}}), "metrics.n"),
+        ("/v1/report", json.dumps({"replica": "w", "metrics": {"k" * 200: 1}}), "metrics"),
         ("/v1/hang_detect", '{"replica": "w", "seconds": 0}', "seconds"),
         ("/v1/hang_detect", '{"replica": "w", "seconds": -2}', "seconds"),
         ("/v1/hang_detect", '{"replica": "w", "seconds": "60"}', "seconds"),
@@ -522,6 +536,13 @@ def test_chunked_body_answers_411(master: Master) -> None:
     response = conn.getresponse()
     assert response.status == 411
     conn.close()
+
+
+def test_a_refused_call_answers_422_with_the_reason(master: Master) -> None:
+    master.recorder.refuse = "checkpoint: checkpoint_000009 is not a committed checkpoint"
+    body = '{"replica": "w", "metrics": {}, "checkpoint": "checkpoint_000009"}'
+    status, answer = request(master, "/v1/report", body)
+    assert status == 422 and str(answer["error"]).startswith("checkpoint: ")
 
 
 def test_handler_exception_answers_500_and_server_carries_on(master: Master) -> None:

@@ -175,7 +175,7 @@ def test_minimal_spec_gets_defaults() -> None:
         ),
         (
             _spec(fault_tolerance={"job_hang_interval": 0}),
-            ["fault_tolerance.job_hang_interval: must be > 0, got 0"],
+            ["fault_tolerance.job_hang_interval: must be >= 0.5, got 0"],
         ),
         ([POOL], ["job spec: must be a mapping, got list"]),
         (None, ["job spec: must be a mapping, got NoneType"]),

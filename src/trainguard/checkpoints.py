@@ -190,6 +190,8 @@ def commit(
         for p in sorted(src.rglob("*"))
         if p.is_file()
     }
+    if not files:
+        raise ValueError(f"checkpoint folder {src} holds no files: nothing to resume from")
     store = _store(storage)
     while True:  # two writers may race for a number: the one that lands first keeps it
         last = max((e.index for e in entries(storage)), default=0)
@@ -218,8 +220,13 @@ def verify(storage: Storage, name: str) -> bool:
     manifest = _manifest(store, name)
     try:
         files = manifest["files"] if manifest else None
-        return isinstance(files, dict) and all(
-            _sha256(store.read(f"{name}/{rel}")) == meta["sha256"] for rel, meta in files.items()
+        return (
+            isinstance(files, dict)
+            and bool(files)
+            and all(
+                _sha256(store.read(f"{name}/{rel}")) == meta["sha256"]
+                for rel, meta in files.items()
+            )
         )
     except (OSError, KeyError, TypeError, FileNotFoundError):
         return False

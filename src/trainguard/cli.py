@@ -43,6 +43,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _count(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `lo` to `hi`, else one line naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {value}")
+        return value
+
+    return parse
+
+
+_MANY = 10**9  # more lines, jobs or attempts than any store holds
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
@@ -88,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("server", help="run the service: queue, HTTP API, web page")
     srv.add_argument("--config", type=Path, help="server settings (YAML)")
     srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    srv.add_argument("--port", type=int, help="port (default 8470; 0 picks a free one)")
+    srv.add_argument(
+        "--port", type=_count(0, 65535), help="port (default 8470; 0 picks a free one)"
+    )
     srv.add_argument(
         "--token-file", type=Path, help="require the token in this file (or $TRAINGUARD_TOKEN)"
     )
@@ -108,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
     jobs = sub.add_parser("jobs", parents=[remote], help="list jobs")
     jobs.add_argument("--json", action="store_true")
-    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--limit", type=_count(1, _MANY), default=50)
 
     for name, text in (
         ("status", "a job's state, attempts and replicas"),
@@ -132,7 +152,9 @@ def _parser() -> argparse.ArgumentParser:
         "stacks", parents=[remote], help="the stacks taken before a hang was stopped"
     )
     st.add_argument("job", help="job id or name")
-    st.add_argument("--attempt", type=int, help="the attempt (default: every snapshot)")
+    st.add_argument(
+        "--attempt", type=_count(0, _MANY), help="the attempt (default: every snapshot)"
+    )
     st.add_argument("--json", action="store_true")
 
     cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
@@ -145,8 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", parents=[remote], help="a replica's log")
     logs.add_argument("job", help="job id or name")
     logs.add_argument("--replica", help="replica name, e.g. worker-1 (default: the primary)")
-    logs.add_argument("--attempt", type=int, help="attempt number (default: the last)")
-    logs.add_argument("--tail", type=int, help="only the last N lines")
+    logs.add_argument("--attempt", type=_count(0, _MANY), help="attempt number (default: the last)")
+    logs.add_argument("--tail", type=_count(1, _MANY), help="only the last N lines")
     return p
 
 

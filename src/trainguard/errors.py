@@ -4,7 +4,8 @@ TrainguardError            anything the CLI turns into one clear line, never a t
 ├── SpecError              a job spec or flag is invalid (one problem per line; exit 2)
 ├── JobNotFound            a job id or name matches no job (or several)
 ├── ResumeError            the job cannot be resumed (it finished, or still runs)
-└── StoreError             the state database cannot be opened or written
+├── StoreError             the state database cannot be opened or written
+└── CallRefused            a replica's well-formed SDK call asks for what cannot be (422)
 """
 
 from __future__ import annotations
@@ -41,3 +42,8 @@ class StoreError(TrainguardError):
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class CallRefused(TrainguardError):
+    """A replica's SDK call names what does not exist (a checkpoint that was never
+    committed): the replica is told why, the master carries on."""

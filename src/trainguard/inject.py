@@ -53,6 +53,10 @@ class Injection:
         return f"{what} {when} attempt {self.attempt}"
 
 
+_LATEST_S = 10**7  # about 115 days: later is a typo
+_LAST_STEP = 10**15
+
+
 def parse_injection(text: str) -> Injection:
     """One `--inject` value; ValueError names what is wrong."""
     m = _SPEC.match(text.strip())
@@ -61,12 +65,20 @@ def parse_injection(text: str) -> Injection:
             f"must look like signal:worker-1:SIGKILL@20s, stop:worker-0@step=50 or master@30s, "
             f"got {text!r}"
         )
+    if m["after"] and float(m["after"]) > _LATEST_S:
+        raise ValueError(f"an injection time is at most {_LATEST_S} s, got {text!r}")
+    if m["attempt"] and int(m["attempt"]) > _LAST_STEP:
+        raise ValueError(f"an injection attempt is at most {_LAST_STEP}, got {text!r}")
+    if m["step"] and int(m["step"]) > _LAST_STEP:
+        raise ValueError(f"an injection step is at most {_LAST_STEP}, got {text!r}")
     action = m["action"]
     if action == "exit":
         if not (m["replica"] and m["signal"] and m["signal"].isdigit()):
             raise ValueError(
                 f"exit needs a replica and a status, e.g. exit:worker-1:3@5s, got {text!r}"
             )
+        if not 0 <= int(m["signal"]) <= 255:
+            raise ValueError(f"an exit status is 0 to 255, got {m['signal']} in {text!r}")
         return Injection(
             "exit",
             m["replica"],

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.checkpoints import Storage, apply_retention, commit, commit_ms, entries, is_url
+from trainguard.errors import CallRefused
 from trainguard.recorder import Recorder
 from trainguard.spec import CheckpointPolicy
 
@@ -46,6 +47,10 @@ class CheckpointKeeper:
         self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
     ) -> None:
         """sdk.report: the job's progress; a new checkpoint triggers retention."""
+        if checkpoint is not None and checkpoint not in {e.name for e in entries(self.storage)}:
+            raise CallRefused(
+                f"checkpoint: {checkpoint} is not a committed checkpoint of this job's storage"
+            )
         now = self.clock()
         self.rec.progress(now, step, metrics)
         cost = commit_ms(self.storage, checkpoint) if checkpoint else None

@@ -36,7 +36,7 @@ from trainguard.classify import (
     internal_failure,
 )
 from trainguard.diagnose import diagnose
-from trainguard.frameworks import EnvContext, preset
+from trainguard.frameworks import EnvContext, Roster, preset
 from trainguard.gpus import GpuPool, NotEnoughGpus
 from trainguard.hangs import HangDetected, HangWatch
 from trainguard.inbox import Inbox
@@ -67,6 +67,8 @@ from trainguard.sdk_server import SdkServer, new_token
 from trainguard.signatures import Rules
 from trainguard.spec import ExecutionMode, JobSpec, SuccessPolicy
 from trainguard.states import JobState, ReplicaState
+
+_LAUNCH_BATCH = 256  # replica environments built between two turns of the event loop
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class Master:
         self._plans = tuple(plans)
         self.preset = preset(spec.framework)
         self.roles = self.preset.role_policy(spec)
-        self._task_addresses: dict[str, str] = {}
+        self._roster: Roster | None = None  # built at the first launch
         self._given_up: dict[str, str] = {}  # replica -> why (batch shards, evaluators)
         self.state = JobState.PENDING
         self.attempt = -1
@@ -278,18 +280,23 @@ class Master:
         addr, port = self._rendezvous
         plan = rep.plan
         log_path = self._log_path(self.attempt, plan.name, rep.restarts)
-        if self.preset.task_addresses and not self._task_addresses:
-            # Stable for the job's life: a replica restarted alone rejoins the same cluster.
-            self._task_addresses = {n: f"{addr}:{free_port(addr)}" for n in self.replicas}
+        if self._roster is None:
+            # Task addresses are stable for the job's life: a replica restarted alone
+            # rejoins the same cluster.
+            tasks = (
+                {n: f"{addr}:{free_port(addr)}" for n in self.replicas}
+                if self.preset.task_addresses
+                else {}
+            )
+            self._roster = Roster(self._plans, tasks)
         ctx = EnvContext(
             plan=plan,
-            plans=self._plans,
+            roster=self._roster,
             job_id=self.job_id,
             master_addr=addr,
             master_port=port,
             restart_count=self.attempt + rep.restarts,
             max_restarts=self.ft.max_num_of_job_restart,
-            task_addresses=self._task_addresses,
         )
         sdk_env = {
             "TRAINGUARD_MASTER_URL": self.sdk.url,
@@ -352,7 +359,12 @@ class Master:
             rep.started_s = None
         if self._pending is not None:
             self._pending.start_begin_s = self.clock()
-        await self.backend.start([self._launch(r) for r in self.replicas.values()])
+        launches = []
+        for i, rep in enumerate(self.replicas.values(), 1):
+            launches.append(self._launch(rep))
+            if i % _LAUNCH_BATCH == 0:
+                await asyncio.sleep(0)  # a large job: SIGTERM and cancel are heard meanwhile
+        await self.backend.start(launches)
         note = self.backend.preload_note
         if note and self.attempt == 0:
             self.say(note)

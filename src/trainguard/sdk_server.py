@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Protocol
 
+from trainguard.errors import CallRefused
+
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
@@ -30,6 +32,8 @@ MAX_REPLICA_CHARS = 128
 MAX_PATTERNS = 100
 MAX_PATTERN_CHARS = 1000
 MAX_TEXT_CHARS = 4000
+MAX_STEP = 10**15  # more steps than any run takes: a larger number is garbage
+MAX_SECONDS = 10**7  # a hang_detect scope longer than ~115 days is a typo
 HANG_DETECT_OFF = -1
 """The SDK's `hang_detect(-1)`: detection off in that scope (sdk.HANG_DETECT_OFF)."""
 
@@ -196,6 +200,8 @@ class SdkServer:
             route(self._handler, replica, body)  # validates before it calls the handler
         except _HttpError as err:
             return err.status, {"error": err.message}
+        except CallRefused as err:  # well-formed, but asks for what cannot be
+            return HTTPStatus.UNPROCESSABLE_ENTITY, {"error": str(err)}
         except Exception as exc:
             log.exception("SDK handler failed on %s", request.path)
             return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"handler failed: {exc!r}"}
@@ -305,8 +311,8 @@ def _step(body: _Body) -> int | None:
     value = body.get("step")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad("step", "a non-negative integer or null", value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        raise _bad("step", f"an integer from 0 to {MAX_STEP} or null", value)
     return value
 
 
@@ -316,6 +322,8 @@ def _seconds(body: _Body) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _bad("seconds", "a number or null", value)
+    if value > MAX_SECONDS:
+        raise _bad("seconds", f"at most {MAX_SECONDS}", value)
     if value != HANG_DETECT_OFF and value <= 0:
         raise _bad("seconds", f"> 0 or {HANG_DETECT_OFF} (off)", value)
     return float(value)
@@ -340,6 +348,14 @@ def _metrics(body: _Body) -> dict[str, object]:
     if not (isinstance(value, dict) and len(value) <= MAX_METRICS):
         raise _bad("metrics", f"an object of at most {MAX_METRICS} entries", value)
     for key, item in value.items():
+        if len(key) > MAX_REPLICA_CHARS:
+            raise _bad("metrics", f"keys of at most {MAX_REPLICA_CHARS} chars", key)
+        if isinstance(item, str) and len(item) > MAX_TEXT_CHARS:
+            raise _bad(f"metrics.{key}", f"a string of at most {MAX_TEXT_CHARS} chars", item)
+        if isinstance(item, float) and not math.isfinite(item):
+            raise _bad(f"metrics.{key}", "a finite number", item)
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**63:
+            raise _bad(f"metrics.{key}", "an integer that fits in 64 bits", item)
         if not (isinstance(item, int | float | str | bool) or item is None):
             raise _bad(f"metrics.{key}", "a number, string, boolean or null", item)
     return value

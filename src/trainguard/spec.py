@@ -34,6 +34,9 @@ MAX_SECONDS = 10**7
 """About 115 days: a longer interval is a typo (and overflows the event loop's timers)."""
 MAX_REPLICAS = 4096
 """Replicas of one job, in all its pools."""
+MIN_WATCH_S = 0.5
+"""A hang or start-up interval below this would fire on a healthy replica's scheduling
+jitter: it is a typo (milliseconds meant as seconds), not a setting."""
 
 
 def _limit(value: Any) -> Any:
@@ -90,7 +93,8 @@ class SuccessPolicy(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never a meaningful interval, size or rate.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|[kmgt]b?|)$")
@@ -165,13 +169,13 @@ class FaultTolerance(_Model):
     # AIMaster defaults both detectors to off; at these intervals they cost nothing, so
     # trainguard turns them on (sync jobs only, as AIMaster).
     enable_job_hang_detection: bool = True
-    job_hang_interval: float = Field(default=1800, gt=0, le=MAX_SECONDS)
+    job_hang_interval: float = Field(default=1800, ge=MIN_WATCH_S, le=MAX_SECONDS)
     # Until every replica has shown a sign of life (a line of output, an SDK call), this
     # allowance applies instead of the hang interval (never shorter than it): imports
     # and data loading are not a hang.
-    startup_timeout_s: float = Field(default=600, gt=0, le=MAX_SECONDS)
+    startup_timeout_s: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
     enable_job_exit_hang_detection: bool = True
-    job_exit_hang_interval: float = Field(default=600, gt=0, le=MAX_SECONDS)
+    job_exit_hang_interval: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
     enable_c4d_hang_detection: bool = False
 
     @model_validator(mode="before")
@@ -242,7 +246,7 @@ class JobSpec(_Model):
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     # The GPU ids this job may use on this machine (default: what nvidia-smi lists).
-    gpu_inventory: list[int] | None = None
+    gpu_inventory: list[Annotated[int, Field(ge=0, le=4095)]] | None = None
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
     fault_injection: list[str] = Field(default_factory=list)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
@@ -317,8 +321,22 @@ class JobSpec(_Model):
         from trainguard.inject import parse_injection
 
         names = [f"{p.role}-{i}" for p in self.worker_pools for i in range(p.replicas)]
+        ft = self.fault_tolerance
+        last = (
+            None
+            if self.queue.wait_for_capacity or ft.max_num_of_job_restart == UNLIMITED
+            else ft.max_num_of_job_restart
+            if ft.enable_job_restart
+            else 0
+        )
         for text in self.fault_injection:
-            replica = parse_injection(text).replica
+            injection = parse_injection(text)
+            if last is not None and injection.attempt > last:
+                raise ValueError(
+                    f"fault_injection: {text!r} is for attempt {injection.attempt}, but this "
+                    f"job's restart budget allows attempts 0 to {last} only: it could never fire"
+                )
+            replica = injection.replica
             if replica is not None and replica not in names:
                 shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
                 raise ValueError(

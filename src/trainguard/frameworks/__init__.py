@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.frameworks.base import EnvContext, Preset
+from trainguard.frameworks.base import EnvContext, Preset, Roster
 from trainguard.frameworks.batch import Batch
 from trainguard.frameworks.generic import Generic
 from trainguard.frameworks.mpi import Mpi
@@ -18,4 +18,4 @@ def preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-__all__ = ["PRESETS", "EnvContext", "Preset", "preset"]
+__all__ = ["PRESETS", "EnvContext", "Preset", "Roster", "preset"]

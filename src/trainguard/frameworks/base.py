@@ -8,9 +8,11 @@ and one line in the table of `trainguard.frameworks`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from trainguard.policy import RolePolicy
 
@@ -19,23 +21,56 @@ if TYPE_CHECKING:
     from trainguard.layout import ReplicaPlan
     from trainguard.spec import JobSpec
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Roster:
+    """Every replica of the job, in rank order, and what presets derive from all of them.
+
+    Built once per job and shared by every replica's `EnvContext`, so what depends on
+    the whole job (pool sizes, a cluster spec) is computed once: building N replicas'
+    environments stays linear in N.
+    """
+
+    plans: tuple[ReplicaPlan, ...]
+    # replica -> its own address, the same for the job's whole life (presets that ask)
+    task_addresses: Mapping[str, str] = field(default_factory=dict)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def sizes(self) -> Mapping[str, int]:
+        return Counter(p.role for p in self.plans)
+
+    def memo(self, key: str, build: Callable[[], T]) -> T:
+        """`build()` once per roster: a preset's job-wide value (e.g. its cluster spec)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return cast(T, self._memo[key])
+
 
 @dataclass(frozen=True)
 class EnvContext:
     """What a preset may use to build one replica's environment."""
 
     plan: ReplicaPlan
-    plans: tuple[ReplicaPlan, ...]  # every replica of the job, in rank order
+    roster: Roster
     job_id: str
     master_addr: str
     master_port: int  # fresh for every attempt
     restart_count: int
     max_restarts: int | str
-    # replica -> its own address, the same for the job's whole life (presets that ask)
-    task_addresses: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def plans(self) -> tuple[ReplicaPlan, ...]:
+        return self.roster.plans
+
+    @property
+    def task_addresses(self) -> Mapping[str, str]:
+        return self.roster.task_addresses
 
     def pool_size(self, role: str) -> int:
-        return sum(1 for p in self.plans if p.role == role)
+        return self.roster.sizes.get(role, 0)
 
 
 class Preset:

@@ -55,18 +55,28 @@ class TensorFlow(Preset):
 
     def env(self, ctx: EnvContext) -> dict[str, str]:
         plan = ctx.plan
-        by_role: dict[str, list[str]] = {}
-        for p in ctx.plans:  # in rank order, hence index order within each role
-            by_role.setdefault(p.role, []).append(ctx.task_addresses[p.name])
-        cluster = {r: by_role[r] for r in CLUSTER_ROLES if r in by_role}
-        task = {"type": plan.role, "index": plan.index}
-        vertex = {
-            "cluster": {VERTEX_POOLS[r]: a for r, a in by_role.items()},
-            "environment": "cloud",
-            "task": {"type": VERTEX_POOLS[plan.role], "index": plan.index},
-        }
+        by_role = ctx.roster.memo("tf_by_role", lambda: _by_role(ctx))
+        cluster = ctx.roster.memo(
+            "tf_cluster",
+            lambda: json.dumps({r: by_role[r] for r in CLUSTER_ROLES if r in by_role}),
+        )
+        vertex = ctx.roster.memo(
+            "tf_vertex", lambda: json.dumps({VERTEX_POOLS[r]: a for r, a in by_role.items()})
+        )
+        task = json.dumps({"type": plan.role, "index": plan.index})
+        vertex_task = json.dumps({"type": VERTEX_POOLS[plan.role], "index": plan.index})
+        # The job-wide parts are serialised once; each replica adds only its own task.
         return {
             **super().env(ctx),
-            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
-            "CLUSTER_SPEC": json.dumps(vertex),
+            "TF_CONFIG": f'{{"cluster": {cluster}, "task": {task}}}',
+            "CLUSTER_SPEC": (
+                f'{{"cluster": {vertex}, "environment": "cloud", "task": {vertex_task}}}'
+            ),
         }
+
+
+def _by_role(ctx: EnvContext) -> dict[str, list[str]]:
+    by_role: dict[str, list[str]] = {}
+    for p in ctx.plans:  # in rank order, hence index order within each role
+        by_role.setdefault(p.role, []).append(ctx.task_addresses[p.name])
+    return by_role
