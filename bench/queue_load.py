@@ -120,13 +120,15 @@ class Timings:
 class Api:
     """The server's HTTP API over urllib, one new connection a request (as the CLI does)."""
 
-    def __init__(self, url: str, timings: Timings) -> None:
+    def __init__(self, url: str, timings: Timings, token: str) -> None:
         self.url = url.rstrip("/")
         self.timings = timings
+        self.token = token
 
     def raw(self, method: str, path: str, label: str, body: Any = None) -> bytes | None:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         error: str | None = None
@@ -185,6 +187,7 @@ class Server:
         data = json.loads(info.read_text())
         self.url: str = data["url"]
         self.pid: int = data["pid"]
+        self.token = (home / "server.token").read_text().strip()  # made at its first start
 
     def usage(self) -> tuple[float, int]:
         """The server process's CPU time (user + system, s) and peak RSS (bytes)."""
@@ -308,7 +311,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
     timings = Timings()
     failures: list[str] = []
     server = Server(home, args.slots)
-    api = Api(server.url, timings)
+    api = Api(server.url, timings, server.token)
     print(f"server pid {server.pid} at {server.url}; home {home}", flush=True)
     ids: list[str] = []
     stop = threading.Event()

@@ -27,6 +27,7 @@ class Server:
         self.flags = flags
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self.home_token: str | None = None
         self.token = flags[flags.index("--token") + 1] if "--token" in flags else None
         if "--token-file" in flags:
             self.token = Path(flags[flags.index("--token-file") + 1]).read_text().strip()
@@ -38,6 +39,8 @@ class Server:
         wait_for(lambda: info.is_file() or self.proc.poll() is not None, 30, "the server")
         assert self.proc.poll() is None, self.proc.communicate()
         self.url = json.loads(info.read_text())["url"]
+        made = self.tg.home / "server.token"  # no token given: the server made one
+        self.home_token = made.read_text().strip() if made.is_file() else None
         return self
 
     def kill(self) -> None:
@@ -72,7 +75,9 @@ class Server:
             )
         )
 
-    def http(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+    def http(self, method: str, path: str, body: Any = None, token: str | None = "") -> Any:
+        """A request with `token` ("": the server's own, None: none)."""
+        token = (self.token or self.home_token) if token == "" else token
         req = urllib.request.Request(
             self.url + path,
             data=None if body is None else json.dumps(body).encode(),
@@ -252,7 +257,7 @@ def test_token_is_required_off_loopback_and_checked(server_factory: Any, tg: TG)
     assert res.returncode == 2 and "needs a token" in res.stderr
     srv = server_factory("--token", "s3cret")
     with pytest.raises(urllib.error.HTTPError) as err:
-        srv.http("GET", "/api/jobs")
+        srv.http("GET", "/api/jobs", token=None)
     assert err.value.code == 401
     assert srv.http("GET", "/api/jobs", token="s3cret") == (200, [])
     denied = srv.cli("jobs", token=None)
@@ -260,6 +265,34 @@ def test_token_is_required_off_loopback_and_checked(server_factory: Any, tg: TG)
     assert srv.cli("jobs", token="s3cret").returncode == 0
     with urllib.request.urlopen(srv.url + "/healthz", timeout=5) as resp:
         assert resp.status == 200
+
+
+def test_a_default_server_is_never_open(server_factory: Any, tg: TG) -> None:
+    """No token given: one is made at first start in a 0600 file that this user's CLI
+    reads; a request without it is refused, and the next start keeps the same one."""
+    srv = server_factory()
+    made = tg.home / "server.token"
+    assert made.stat().st_mode & 0o777 == 0o600 and srv.home_token
+    with pytest.raises(urllib.error.HTTPError) as err:
+        srv.http("GET", "/api/jobs", token=None)
+    assert err.value.code == 401
+    assert srv.http("GET", "/api/jobs") == (200, [])
+    assert srv.cli("jobs", "--json").returncode == 0  # no flag: the CLI read the file
+    job_id = srv.submit("--", "true")
+    assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
+    srv.stop()
+    again = server_factory()
+    assert again.home_token == srv.home_token  # the same token on every start
+    made.chmod(0o644)
+    res = again.cli("jobs")
+    assert res.returncode == 2 and "readable by other users; chmod 600" in res.stderr
+    made.chmod(0o600)
+    again.stop()
+    made.unlink()
+    open_srv = server_factory("--no-token")
+    assert not made.exists() and open_srv.http("GET", "/api/jobs", token=None)[0] == 200
+    res = tg("server", "--no-token", "--host", "0.0.0.0", "--port", "0")
+    assert res.returncode == 2 and "needs a token" in res.stderr
 
 
 def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
@@ -286,7 +319,9 @@ def test_metrics_in_prometheus_format(server_factory: Any) -> None:
         "--nproc-per-node", "2", "--", *child("1@0:signal:SIGKILL", "0:sleep:1", "*:print:ok")
     )
     assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
-    with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as resp:
+    scrape = urllib.request.Request(srv.url + "/metrics")  # as Prometheus sends it
+    scrape.add_header("Authorization", f"Bearer {srv.home_token}")
+    with urllib.request.urlopen(scrape, timeout=10) as resp:
         text = resp.read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     jobs = {s.labels["state"]: s.value for s in families["trainguard_jobs"].samples}

@@ -88,6 +88,8 @@ class Server:
         data = json.loads(info.read_text())
         assert data["pid"] == self.proc.pid
         self.url: str = data["url"]
+        # no token given: the server made one in its home (0600), as for any user
+        self.token = token or (home / "server.token").read_text().strip()
         self.pids: set[int] = set()  # masters and replicas seen: none may outlive the test
 
     def api(self, method: str, path: str) -> Any:
@@ -210,7 +212,7 @@ def test_job_page_follows_a_job_that_hangs_once_and_recovers(
     page.on("request", lambda r: "/api/" in r.url and api_calls.append((time.monotonic(), r.url)))
 
     # the list, then the job page through its link (hash routing, same document)
-    page.goto(server.url + "/")
+    page.goto(f"{server.url}/#token={server.token}")
     page.evaluate("window.__sameDocument = true")
     row = page.locator(f'[data-testid="job-row"][data-job-id="{job_id}"]')
     expect(row).to_be_visible()

@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         "--token-file", type=Path, help="require the token in this file (or $TRAINGUARD_TOKEN)"
     )
     srv.add_argument("--token", help="require this token: visible in `ps`; prefer --token-file")
+    srv.add_argument(
+        "--no-token",
+        dest="require_token",
+        action="store_false",
+        default=None,
+        help="serve loopback without a token (default: one made in the home, 0600)",
+    )
     srv.add_argument("--cpus", type=float, help="quota: cpus for all running jobs")
     srv.add_argument("--gpus", help="quota: a GPU count, or the ids to hand out (0,1,2,3)")
     srv.add_argument("--memory", help="quota: memory, e.g. 64Gi")
@@ -421,7 +428,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from trainguard.server import serve
     from trainguard.server_config import load_server_config
 
-    overrides = {k: getattr(args, k) for k in ("host", "port", "cpus", "gpus", "memory")}
+    keys = ("host", "port", "cpus", "gpus", "memory", "require_token")
+    overrides = {k: getattr(args, k) for k in keys}
     overrides["token"] = _token(args)
     overrides["db"] = args.db
     config = load_server_config(args.config, overrides)
@@ -451,7 +459,31 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
                     "(start one with `trainguard server`)"
                 ]
             )
-    return Client(url, _token(args)) if url else None
+    if not url:
+        return None
+    return Client(url, _token(args) or _home_token_for(url, home or default_home()))
+
+
+def _home_token_for(url: str, home: Path) -> str | None:
+    """The token the server of this home made, for that server only: the URL it wrote in
+    server.json, or any loopback address (a token file this user can read is theirs)."""
+    from urllib.parse import urlsplit
+
+    from trainguard.server_config import home_token, is_loopback
+
+    if os.environ.get("TRAINGUARD_TOKEN"):
+        return None  # the environment's token wins, as before
+    info = home / "server.json"
+    try:
+        written = json.loads(info.read_text()) if info.is_file() else {}
+        same = isinstance(written, dict) and written.get("url") == url
+    except (OSError, ValueError):
+        same = False
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return None
+    return home_token(home) if same or is_loopback(host) else None
 
 
 def _token(args: argparse.Namespace) -> str | None:

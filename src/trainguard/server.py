@@ -13,7 +13,7 @@ import uvicorn
 from trainguard.api import create_app
 from trainguard.childwatch import pidfd_child_watcher
 from trainguard.http_guard import Guard
-from trainguard.server_config import ServerConfig
+from trainguard.server_config import TOKEN_FILE, ServerConfig, home_token
 from trainguard.service import Service
 from trainguard.store import Store
 
@@ -22,16 +22,20 @@ def serve(config: ServerConfig, home: Path | None) -> int:
     """Run until SIGINT/SIGTERM. The masters of running jobs outlive the server."""
     store = Store(home, config.db)
     store.home.mkdir(parents=True, exist_ok=True)  # logs live here whatever the database
+    origin = "the token you gave"
+    if config.token is None and config.require_token:
+        config = config.model_copy(update={"token": home_token(store.home, create=True)})
+        origin = f"the token in {store.home / TOKEN_FILE} (this user's CLI reads it)"
     service = Service(store, config)
-    return asyncio.run(_serve(service, config))
+    return asyncio.run(_serve(service, config, origin))
 
 
-async def _serve(service: Service, config: ServerConfig) -> int:
+async def _serve(service: Service, config: ServerConfig, token_origin: str) -> int:
     with pidfd_child_watcher(asyncio.get_running_loop()):  # no thread per job's master
-        return await _serve_on(service, config)
+        return await _serve_on(service, config, token_origin)
 
 
-async def _serve_on(service: Service, config: ServerConfig) -> int:
+async def _serve_on(service: Service, config: ServerConfig, token_origin: str) -> int:
     app = Guard(create_app(service), config.host, config.allowed_hosts)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -55,6 +59,10 @@ async def _serve_on(service: Service, config: ServerConfig) -> int:
     info = service.store.home / "server.json"
     info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
     service.say(f"listening on {url} (store {service.store.engine.url.render_as_string()})")
+    if config.token:
+        service.say(f"requests need {token_origin}; the web page: {url}/#token=TOKEN")
+    else:
+        service.say("no token (--no-token): any local user can submit jobs")
     try:
         await serving
     finally:

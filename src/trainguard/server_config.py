@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,10 @@ class ServerConfig(BaseModel):
     port: int = Field(default=8470, ge=0, le=65535)
     db: str | None = None
     token: str | None = None
+    # Without a token of its own the server makes one at first start (TOKEN_FILE in its
+    # home, 0600) that the CLI of the same user reads: a default server is never open to
+    # other local users. False (`--no-token`) serves loopback without one.
+    require_token: bool = True
     # Host names (besides the address it listens on) that requests may use, e.g. a DNS
     # name in front of it; any other Host header is refused (DNS rebinding).
     allowed_hosts: list[str] = Field(default_factory=list)
@@ -65,6 +71,31 @@ class ServerConfig(BaseModel):
                 "TRAINGUARD_TOKEN): every request must then carry it"
             )
         return self
+
+
+TOKEN_FILE = "server.token"
+
+
+def home_token(home: Path, create: bool = False) -> str | None:
+    """The token of the server of `home`: read from its 0600 file, made there if `create`.
+
+    A file that other users can read is refused, as ssh refuses a readable key.
+    """
+    path = home / TOKEN_FILE
+    if create and not path.exists():
+        with contextlib.suppress(FileExistsError):  # another server made it first
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        if path.stat().st_mode & 0o077:
+            raise SpecError([f"{path}: readable by other users; chmod 600 it (or delete it)"])
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{path}: cannot read the server token ({exc})"]) from None
+    return token or None
 
 
 def is_loopback(host: str) -> bool:
@@ -92,7 +123,7 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
         except ValueError:
             raise SpecError([f"quota.gpus: a count or ids such as 0,1,2, got {text!r}"]) from None
     data["quota"] = quota
-    for key in ("host", "port", "db", "token"):
+    for key in ("host", "port", "db", "token", "require_token"):
         if overrides.get(key) is not None:
             data[key] = overrides[key]
     data.setdefault("token", os.environ.get("TRAINGUARD_TOKEN") or None)
