@@ -8,12 +8,20 @@ function, under `trainguard run --job-hang-interval I --max-restarts 0`. From th
   snapshot time     the py-spy snapshots of all N replicas, taken in parallel (--native)
 
     python bench/hang.py --runs 3 --interval 2
+
+False positives at a cold start (`--cold N`): N runs of a real 2-rank gloo DDP job
+(examples/ddp_train.py, which imports torch before it prints anything) with the page
+cache dropped before each (as root; otherwise the runs are only as cold as the machine),
+under `--job-hang-interval 3`: every hang report counts, whatever it concluded.
+
+    python bench/hang.py --cold 20 --runs 5 --interval 3 --replicas 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -72,13 +80,76 @@ def one_run(n: int, interval: float, work: Path) -> dict[str, float]:
     }
 
 
+# What the master says of a hang (detected, cleared, at start-up), not paths that hold "hang"
+_HANG_SAID = re.compile(r"hang detected|hung|start-up hang|still importing|hang cleared", re.I)
+DDP = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+
+
+def _drop_caches() -> bool:
+    """Empty the page cache, so torch is read from disk again; False if not allowed."""
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def cold_run(interval: float, work: Path) -> dict[str, float]:
+    home = work / f"cold-{time.monotonic_ns()}"
+    cold = _drop_caches()
+    t0 = time.monotonic()
+    res = _tg(
+        home,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--job-hang-interval",
+        str(interval),
+        "--max-restarts",
+        "0",
+        "--",
+        sys.executable,
+        str(DDP),
+        "--steps",
+        "20",
+        "--ckpt-dir",
+        str(home / "ckpt"),
+    )
+    wall = time.monotonic() - t0
+    job_id = json.loads(_tg(home, "jobs", "--json").stdout)[0]["id"]
+    said = [x for x in res.stderr.splitlines() if x.startswith("trainguard:")]
+    failures = json.loads(_tg(home, "explain", job_id, "--json").stdout)["failures"]
+    return {
+        "rc": float(res.returncode),
+        "cold": float(cold),
+        "wall_s": wall,
+        "failures": float(len(failures)),
+        "hang_words": float(sum(bool(_HANG_SAID.search(x)) for x in said)),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--replicas", default="2,8")
+    p.add_argument("--cold", type=int, default=0, help="also N cold starts of a 2-rank DDP job")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tg-hang-bench-") as tmp:
+        if args.cold:
+            cold = [cold_run(args.interval, Path(tmp)) for _ in range(args.cold)]
+            walls = [r["wall_s"] for r in cold]
+            print(
+                f"{args.cold} starts of a 2-rank DDP job (page cache dropped before "
+                f"{sum(int(r['cold']) for r in cold)} of them), interval {args.interval:g} s: "
+                f"{sum(r['failures'] > 0 for r in cold):.0f} with a failure, "
+                f"{sum(r['hang_words'] > 0 for r in cold):.0f} where the master reported a hang; "
+                f"exit codes {sorted({int(r['rc']) for r in cold})}; wall "
+                f"{statistics.median(walls):.1f} s median (min {min(walls):.1f}, "
+                f"max {max(walls):.1f})",
+                flush=True,
+            )
         for n in (int(x) for x in args.replicas.split(",")):
             runs = [one_run(n, args.interval, Path(tmp)) for _ in range(args.runs)]
             delay = [r["detect_delay_s"] for r in runs]
