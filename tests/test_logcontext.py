@@ -255,3 +255,18 @@ def test_a_stopped_replica_that_was_dying_of_its_own_error_says_so() -> None:
     later = (*bug, *(f"step {i} loss 0.1" for i in range(20)))  # it went on after that
     assert failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=later)) is None
     assert failed_before_stop(ExitEvidence("w", 1, log_tail=bug)) is None  # not stopped
+
+
+def test_older_pytorch_oom_numbers_count_allocated_and_cached_as_its_own() -> None:
+    # PyTorch < 1.4 says "cached" where later versions say "reserved in total by PyTorch"
+    elsewhere = (
+        "RuntimeError: CUDA out of memory. Tried to allocate 14.00 MiB (GPU 1; 15.78 GiB "
+        "total capacity; 2.68 GiB already allocated; 53.75 MiB free; 77.13 MiB cached; "
+        "0 bytes inactive)"
+    )
+    own = elsewhere.replace("2.68 GiB already", "15.60 GiB already")
+    assert "another process had" in (gpu_held_elsewhere([elsewhere]) or "")
+    assert gpu_held_elsewhere([own]) is None
+    # large and free: fragmentation or one huge request, the job's own doing
+    free = elsewhere.replace("53.75 MiB free", "12.00 GiB free")
+    assert gpu_held_elsewhere([free]) is None

@@ -294,24 +294,30 @@ def crash_cause(lines: Sequence[str]) -> str | None:
 _SIZE = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
 _CUDA_OOM_NUMBERS = re.compile(
     rf"{_SIZE} total capacity; (?:{_SIZE} already allocated; )?{_SIZE} free;"
-    rf"(?: [^;]*;)*? ?{_SIZE} reserved in total by PyTorch",
+    rf"(?: [^;]*;)*? ?{_SIZE} (?:reserved in total by PyTorch|cached)",
 )
 _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def gpu_held_elsewhere(lines: Sequence[str]) -> str | None:
-    """A CUDA OOM while this process holds a small share of the GPU: another process
-    (often a stale one of an earlier run) has the memory, and a restart may find it free.
+    """A CUDA OOM while most of the GPU's memory is neither this process's nor free:
+    another process (often a stale one of an earlier run) has it, and a restart may find
+    it free. PyTorch's message gives total, free and what it holds ("reserved in total",
+    or in older versions "already allocated" plus "cached").
     """
     for line in reversed(lines):
         m = _CUDA_OOM_NUMBERS.search(line)
         if not m:
             continue
         g = m.groups()
-        total = float(g[0]) * _UNIT[g[1]]
-        reserved = float(g[6]) * _UNIT[g[7]]
-        if total > 0 and reserved < 0.2 * total:
-            share = reserved / total
-            return f"PyTorch held only {share:.0%} of the GPU's memory: another process had it"
+        total, free, held = (float(g[i]) * _UNIT[g[i + 1]] for i in (0, 4, 6))
+        if "cached" in m.group(0).rsplit(";", 1)[-1] and g[2] is not None:
+            held += float(g[2]) * _UNIT[g[3]]  # old format: allocated and cached are apart
+        elsewhere = (total - held - free) / total if total > 0 else 0.0
+        if elsewhere > 0.5:
+            return (
+                f"PyTorch held {held / total:.0%} of the GPU's memory and {free / total:.0%} "
+                f"was free: another process had {elsewhere:.0%}"
+            )
         return None
     return None
