@@ -6,16 +6,12 @@ from typing import Any
 
 import pytest
 
-from trainguard.classify import (
-    ExitEvidence,
-    classify_exit,
-)
-from trainguard.policy import (
-    Budgets,
-    Charge,
+from trainguard.policy.budgets import Budgets, Charge, Failure
+from trainguard.policy.classes import ExitEvidence
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import (
     Decision,
     FailJob,
-    Failure,
     Ignore,
     RestartJob,
     RestartReplica,
@@ -23,7 +19,7 @@ from trainguard.policy import (
     decide_failure,
     describe,
 )
-from trainguard.spec import FaultTolerance
+from trainguard.spec.models import FaultTolerance
 
 TRACEBACK = (
     "Traceback (most recent call last):",
@@ -286,9 +282,9 @@ def test_budget_edges(
 
 
 def test_tally_counts_like_a_dict_through_many_folds() -> None:
-    from trainguard.policy import Tally
+    from trainguard.policy.budgets import Tally
 
-    tally, expected = Tally(), {}
+    tally, expected = Tally(), dict[str, int]()
     for i in range(300):
         key = f"worker-{i % 7}:f{i % 3}"
         tally, before = tally.plus(key), tally

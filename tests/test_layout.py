@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trainguard.frameworks import EnvContext, preset
-from trainguard.layout import plan_replicas, primary_replica, replica_env
-from trainguard.spec import (
+from trainguard.frameworks import EnvContext, Roster, preset
+from trainguard.frameworks.replica_plan import plan_replicas, primary_replica, replica_env
+from trainguard.spec.models import (
     JobSpec,
     validate_spec,
 )
@@ -56,7 +56,7 @@ def test_plan_replicas_workers_only() -> None:
 
 def test_replica_env() -> None:
     plans = plan_replicas(_pools_spec())
-    ctx = EnvContext(plans[2], tuple(plans), "job-abc", "127.0.0.1", 29500, 2, 3)
+    ctx = EnvContext(plans[2], Roster(tuple(plans)), "job-abc", "127.0.0.1", 29500, 2, 3)
     env = replica_env(preset("pytorch"), ctx, {"TRAINGUARD_SDK": "on"})
     expected = {
         "RANK": "2",
@@ -96,7 +96,7 @@ def test_replica_env_user_env_wins() -> None:
         }
     )
     (plan,) = plan_replicas(spec)
-    ctx = EnvContext(plan, (plan,), "j", "localhost", 29500, 0, "unlimited")
+    ctx = EnvContext(plan, Roster((plan,)), "j", "localhost", 29500, 0, "unlimited")
     env = replica_env(preset("pytorch"), ctx, {"SDK": "sdk", "MASTER_ADDR": "10.0.0.1"})
     assert env["MASTER_PORT"] == "1234"  # the user's env beats ours
     assert env["PYTHONUNBUFFERED"] == "0"

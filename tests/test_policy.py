@@ -6,20 +6,18 @@ from typing import Any
 
 import pytest
 
-from trainguard.classify import (
+from trainguard.policy.budgets import Budgets, Charge, Failure
+from trainguard.policy.classes import (
     INTERNAL_ERROR_MESSAGE,
     Classification,
     ExitEvidence,
     ExitKind,
     FailureClass,
-    classify_exit,
 )
-from trainguard.policy import (
-    Budgets,
-    Charge,
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import (
     Decision,
     FailJob,
-    Failure,
     Ignore,
     RestartJob,
     RestartReplica,
@@ -29,7 +27,7 @@ from trainguard.policy import (
     decide_failure,
     describe,
 )
-from trainguard.spec import FaultTolerance, SuccessPolicy
+from trainguard.spec.models import FaultTolerance, SuccessPolicy
 
 TRACEBACK = (
     "Traceback (most recent call last):",
