@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from test_policy import _failure
+from policy_cases import _failure
 
 from trainguard.errors import SpecError
 from trainguard.frameworks import PRESETS, EnvContext, Roster, preset

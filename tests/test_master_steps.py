@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _master(
         recorder=rec,
         log_dir=tmp_path / "logs",
         cwd=str(tmp_path),
-        **({"clock": clock} if clock is not None else {}),
+        clock=clock or time.time,
     )
     return m, store
 
@@ -83,7 +84,7 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
             turns += await _turns(m)
             if m.state.is_terminal:
                 break
-        assert m.state is JobState.EXPIRED
+        assert m.state is JobState.EXPIRED  # type: ignore[comparison-overlap]
         assert {"WaitForCapacity", "Expire"} <= set(_decided(turns))
         last = turns[-1]
         assert isinstance(last.decision, Expire)
@@ -226,7 +227,7 @@ def test_an_internal_error_restarts_within_its_budget_then_fails(tmp_path: Path)
         assert await m._internal_error(RuntimeError("boom")) is True  # a new attempt next
         assert m.state is JobState.RESTARTING
         assert await m._internal_error(RuntimeError("boom again")) is False
-        assert m.state is JobState.FAILED
+        assert m.state is JobState.FAILED  # type: ignore[comparison-overlap]
         assert store.job("job-1")["error_code"] == "INTERNAL"
         await m.shutdown()
 
