@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from corpus_real_eval import Case, classify_case, load
 
-from trainguard.fingerprint import normalise
-from trainguard.logtail import clean
+from trainguard.policy.fingerprint import normalise
+from trainguard.policy.logtail import clean
 
 _WORD = re.compile(r"[A-Za-z_]{3,}")
 

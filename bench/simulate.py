@@ -40,18 +40,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from trainguard.classify import Classification, ExitEvidence, classify_exit
-from trainguard.policy import (
-    Budgets,
+from trainguard.policy.budgets import Budgets, Failure
+from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import (
     FailJob,
-    Failure,
     RestartJob,
     RestartReplica,
     WaitForCapacity,
     decide_failure,
     describe,
 )
-from trainguard.spec import UNLIMITED, ExecutionMode, FaultTolerance
+from trainguard.spec.models import UNLIMITED, ExecutionMode, FaultTolerance
 
 HOUR_S = 3600.0
 DAY_S = 86400.0

@@ -13,7 +13,7 @@ start; the other ranks get it by broadcast, so only rank 0 needs to see --ckpt-d
 Demo faults as in ddp_train.py: --crash-at-step (SIGKILL, first attempt only, as told by
 TRAINGUARD_RESTART_COUNT), --bug-at-step (a KeyError, every attempt), --hang-at-step.
 An uncaught exception must not reach MPI_Finalize (the job would hang there):
-trainguard.mpi_launch.exit_on_error wraps the command so the rank exits at once instead.
+trainguard.backends.mpi.launch.exit_on_error wraps the command so the rank exits at once instead.
 """
 
 from __future__ import annotations

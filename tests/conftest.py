@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ class TG:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.env = {**os.environ, "TRAINGUARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        self.started: list[subprocess.Popen[str]] = []
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "trainguard", *args]
@@ -36,7 +37,7 @@ class TG:
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         """Start the CLI in its own session, so signals sent to it reach it alone."""
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             self.argv(*args),
             env=self.env,
             stdout=subprocess.PIPE,
@@ -44,6 +45,18 @@ class TG:
             text=True,
             start_new_session=True,
         )
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        """What a test started and left: killed if still running, its pipes closed."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def json(self, *args: str) -> Any:
         res = self(*args, "--json")
@@ -58,12 +71,15 @@ class TG:
     def only_job(self) -> dict[str, Any]:
         jobs = self.json("jobs")
         assert len(jobs) == 1, jobs
-        return self.json("status", jobs[0]["id"])
+        status: dict[str, Any] = self.json("status", jobs[0]["id"])
+        return status
 
 
 @pytest.fixture
-def tg(tmp_path: Path) -> TG:
-    return TG(tmp_path / "home")
+def tg(tmp_path: Path) -> Iterator[TG]:
+    cli = TG(tmp_path / "home")
+    yield cli
+    cli.close()
 
 
 def child(*actions: str) -> list[str]:

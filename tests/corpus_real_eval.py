@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from trainguard.classify import Classification, ExitEvidence, classify_exit
+from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.policy.classify import classify_exit
 
 CORPUS = Path(__file__).parent / "corpus_real"
 TEST_SHARE = 30  # percent of threads in the test part

@@ -13,14 +13,14 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
+
+from trainguard.backends.net import free_port
 
 USER = "postgres"
 LIB = Path("/usr/lib/postgresql")  # where Debian's packages put the server
@@ -45,12 +45,6 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", USER, "--", *argv] if os.geteuid() == 0 else argv
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(argv: list[str], what: str, log: Path | None = None) -> None:
     res = subprocess.run(_as_server_user(argv), capture_output=True, text=True, timeout=60)
     if res.returncode != 0:
@@ -63,6 +57,8 @@ def create_database(url: str, name: str) -> str:
     """A new empty database on the server of `url`; returns its URL."""
     base, _, _ = url.rpartition("/")
     dsn = base.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    import psycopg  # the postgres extra: a base install runs the fast tests without it
+
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return f"{base}/{name}"
@@ -78,7 +74,7 @@ def postgres_url() -> Iterator[str]:
         user = pwd.getpwnam(USER)
         for path in (base, sockets):
             os.chown(path, user.pw_uid, user.pw_gid)
-    port = _free_port()
+    port = free_port()
     pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(data)]
     started = False
     try:

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from trainguard.backends.net import free_port
 
 LOOPBACK = "127.0.0.1"
 # A SIGKILLed raylet fails each check at once (connection refused), so it is declared dead
@@ -64,12 +65,6 @@ def require_ray() -> Any:
     except ImportError as e:
         pytest.fail(f"the Ray tests need Ray: pip install ray ({e})", pytrace=False)
     return ray
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _session_of(pid: int) -> int | None:
@@ -146,7 +141,7 @@ class RayCluster:
         self.num_nodes = num_nodes
         self.num_cpus = num_cpus
         self.system_config = FAST_HEALTH_CHECK if system_config is None else system_config
-        self.port = _free_port()
+        self.port = free_port()
         self.all_nodes: list[RayNode] = []  # every node started, in order, dead ones too
         self._state: Any = None
 
@@ -195,7 +190,7 @@ class RayCluster:
         if index == 0:
             params |= {
                 "gcs_server_port": self.port,
-                "dashboard_port": _free_port(),  # a stub runs even without the dashboard
+                "dashboard_port": free_port(),  # a stub runs even without the dashboard
                 "_system_config": self.system_config,
             }
         else:
@@ -375,7 +370,7 @@ def _node_main(spec: dict[str, Any]) -> None:
         json.dumps({"node_id": node.node_id, "raylet_pid": raylet.pid})
     )
     ready.with_suffix(".tmp").rename(ready)
-    while not stopping and not node.dead_processes():
+    while not stopping and not node.dead_processes():  # type: ignore[no-untyped-call]
         if os.getppid() != parent:  # the test process is gone: nobody will call stop()
             stopping = True
         time.sleep(0.1)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import TG, child
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 # shard 0 succeeds; shard 1 is killed on its first two runs, then succeeds; shard 2 is
 # killed every time, a while later (shard 1 is done by then, whether the job then fails

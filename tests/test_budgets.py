@@ -5,17 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from policy_cases import _charges, _failure, _ft
 
-from trainguard.classify import (
-    ExitEvidence,
-    classify_exit,
-)
-from trainguard.policy import (
-    Budgets,
-    Charge,
+from trainguard.policy.budgets import Budgets, Charge
+from trainguard.policy.decisions import (
     Decision,
     FailJob,
-    Failure,
     Ignore,
     RestartJob,
     RestartReplica,
@@ -23,54 +18,7 @@ from trainguard.policy import (
     decide_failure,
     describe,
 )
-from trainguard.spec import FaultTolerance
-
-TRACEBACK = (
-    "Traceback (most recent call last):",
-    '  File "train.py", line 3, in <module>',
-    "KeyError: 'x'",
-)
-
-
-def _evidence(kind: str, replica: str) -> ExitEvidence:
-    table: dict[str, ExitEvidence] = {
-        "user": ExitEvidence(replica, 1, log_tail=TRACEBACK),
-        "user_plain": ExitEvidence(replica, 1),
-        "spawn": ExitEvidence(replica, None, spawn_error="command not found: 'nope'"),
-        "transient": ExitEvidence(replica, -11, progressed=True),  # a crash mid-training
-        "abort": ExitEvidence(replica, 134, progressed=True),
-        "bare_crash": ExitEvidence(replica, -11),  # nothing says it had trained: uncertain
-        "preemption": ExitEvidence(replica, -9),
-        "sigterm": ExitEvidence(replica, 143),
-        "oom": ExitEvidence(replica, -9, oom_kills=1),
-        "sigbus": ExitEvidence(replica, -7),
-    }
-    return table[kind]
-
-
-def _failure(kind: str, replica: str = "worker-1", role: str = "worker") -> Failure:
-    c = classify_exit(_evidence(kind, replica))
-    assert c.is_failure
-    return Failure(
-        replica=replica,
-        role=role,
-        rank=1,
-        attempt=1,
-        pid=4242,
-        time_s=100.0,
-        classification=c,
-    )
-
-
-def _ft(**kw: Any) -> FaultTolerance:
-    return FaultTolerance(**kw)
-
-
-def _charges(d: Decision) -> tuple[Charge, ...]:
-    """The charges of a restart, less the same-error count every failure carries."""
-    assert isinstance(d, RestartJob | RestartReplica), d
-    return tuple(c for c in d.charges if not c.budget.startswith("same_error:"))
-
+from trainguard.spec.models import FaultTolerance
 
 # ---------------------------------------------------------------- Budgets.after
 
@@ -286,9 +234,9 @@ def test_budget_edges(
 
 
 def test_tally_counts_like_a_dict_through_many_folds() -> None:
-    from trainguard.policy import Tally
+    from trainguard.policy.budgets import Tally
 
-    tally, expected = Tally(), {}
+    tally, expected = Tally(), dict[str, int]()
     for i in range(300):
         key = f"worker-{i % 7}:f{i % 3}"
         tally, before = tally.plus(key), tally

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TG
 
-from trainguard import checkpoints as ck
-from trainguard.checkpoints import Entry, to_keep
+from trainguard.records import checkpoints as ck
+from trainguard.records.checkpoints import Entry, to_keep
 
 
 def _folder(tmp_path: Path, name: str, text: str) -> Path:
@@ -198,12 +198,12 @@ def test_an_empty_folder_is_not_a_checkpoint(tmp_path: Path) -> None:
 
 def test_a_report_naming_an_uncommitted_checkpoint_is_refused(tmp_path: Path) -> None:
     from trainguard.errors import CallRefused
-    from trainguard.keeper import CheckpointKeeper
-    from trainguard.spec import CheckpointPolicy
+    from trainguard.master.keeper import CheckpointKeeper
+    from trainguard.spec.models import CheckpointPolicy
 
     class Rec:
         def __init__(self) -> None:
-            self.calls: list[object] = []
+            self.calls: list[tuple[object, ...]] = []
 
         def __getattr__(self, name: str) -> object:
             return lambda *a: self.calls.append((name, *a))

@@ -7,14 +7,9 @@ from typing import Any
 
 import pytest
 
-from trainguard.classify import (
-    Classification,
-    ExitEvidence,
-    ExitKind,
-    FailureClass,
-    classify_exit,
-)
-from trainguard.logtail import last_exception
+from trainguard.policy.classes import Classification, ExitEvidence, ExitKind, FailureClass
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.logtail import last_exception
 from trainguard.signals import decode_returncode, parse_signal, signal_name
 
 REPLICA = "worker-1"

@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
-from trainguard.cli import _parser
+from trainguard.cli.parser import build_parser
+from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import SpecError
-from trainguard.ft_args import parse_ft_args
-from trainguard.spec import (
+from trainguard.spec.aimaster_flags import parse_ft_args
+from trainguard.spec.models import (
     ExecutionMode,
     FaultTolerantPolicy,
     JobSpec,
     SuccessPolicy,
     validate_spec,
 )
-from trainguard.spec_flags import build_spec, split_command
 
 POOL = {"command": ["python", "train.py"]}
 
@@ -133,7 +133,7 @@ def test_parse_ft_args_reports_every_problem() -> None:
 def _build(*argv: str) -> JobSpec:
     """What `trainguard run ARGV` builds (as cli.main splits and parses it)."""
     head, command = split_command(["run", *argv])
-    args = _parser().parse_args(head)
+    args = build_parser().parse_args(head)
     command = command or [c for c in args.command if c != "--"]
     return build_spec(args, command)
 
@@ -157,7 +157,7 @@ def test_build_spec_from_command() -> None:
 
 def test_build_spec_parse_args_remainder() -> None:
     # Parsed with the -- still in argv (argparse's REMAINDER), as the brief's form does.
-    args = _parser().parse_args(["run", "--nproc", "3", "--", "python", "x.py", "--lr", "1"])
+    args = build_parser().parse_args(["run", "--nproc", "3", "--", "python", "x.py", "--lr", "1"])
     command = [c for c in args.command if c != "--"]
     spec = build_spec(args, command)
     assert spec.worker_pools[0].replicas == 3

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainguard.classify import ExitEvidence, classify_exit
+from trainguard.policy.classes import ExitEvidence
+from trainguard.policy.classify import classify_exit
 
 CORPUS = Path(__file__).parent / "corpus"
 MIN_CLASS_ACCURACY = 0.93  # blind first run: 94.2%

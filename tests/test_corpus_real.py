@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from corpus_real_eval import Case, evaluate, load, score
 
-from trainguard.classify import Classification
+from trainguard.policy.classes import Classification
 
 # Measured (tests/corpus_real_eval.py --test) on 807 cases: dev 73.9% / 28.6% / 22.4%,
 # test 66.5% / 36.2% / 29.5% (accuracy / wasted / missed); the floors are those less about

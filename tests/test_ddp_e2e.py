@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import ROOT, TG, wait_for
+
+torch = pytest.importorskip("torch")  # the torch extra; a base install skips this file
 
 pytestmark = pytest.mark.slow
 

@@ -6,19 +6,20 @@ import json
 from typing import Any
 
 import pytest
-from test_policy import _failure
+from policy_cases import _failure
 
+from trainguard.errors import SpecError
 from trainguard.frameworks import PRESETS, EnvContext, Roster, preset
-from trainguard.layout import plan_replicas, replica_env
-from trainguard.policy import (
-    Budgets,
+from trainguard.frameworks.replica_plan import plan_replicas, replica_env
+from trainguard.policy.budgets import Budgets
+from trainguard.policy.decisions import (
     FailJob,
     GiveUpReplica,
     RestartJob,
     RestartReplica,
     decide_failure,
 )
-from trainguard.spec import ExecutionMode, SpecError, SuccessPolicy, validate_spec
+from trainguard.spec.models import ExecutionMode, SuccessPolicy, validate_spec
 
 
 def _spec(framework: str, pools: list[dict[str, Any]], **extra: Any) -> Any:
@@ -62,7 +63,7 @@ def test_building_every_replicas_environment_is_linear(framework: str) -> None:
     assert _CountedPlans.walks <= 4, _CountedPlans.walks  # the test's own two, and the preset's
 
 
-TF_POOLS = [
+TF_POOLS: list[dict[str, Any]] = [
     {"role": "worker", "replicas": 2, "command": ["w"]},
     {"role": "ps", "command": ["p"]},
     {"role": "chief", "command": ["c"]},
@@ -172,7 +173,9 @@ def test_tensorflow_with_parameter_servers_is_async() -> None:
 
 
 def _decide(framework: str, role: str, kind: str, **extra: Any) -> Any:
-    pools = [{"role": r, "command": ["x"]} for r in ("chief", "worker", "ps", "evaluator")]
+    pools: list[dict[str, Any]] = [
+        {"role": r, "command": ["x"]} for r in ("chief", "worker", "ps", "evaluator")
+    ]
     if framework == "batch":
         pools = [{"role": "shard", "replicas": 2, "command": ["x"]}]
     spec = _spec(framework, pools, **extra)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TG
 
-from trainguard.goodput import goodput
+from trainguard.records.goodput import goodput
 
 
 def test_a_job_killed_once_table() -> None:
@@ -18,7 +18,9 @@ def test_a_job_killed_once_table() -> None:
     # attempt 1: starts at 7, resumes from step 4: steps 4..10 at t=9..15; job ends at 16
     job = {"created_at_s": 0.0, "ended_at_s": 16.0}
     attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 7.0}]
-    steps = [{"attempt": 0, "step": s, "at_s": 1.0 + s, "checkpoint": None} for s in range(1, 6)]
+    steps: list[dict[str, object]] = [
+        {"attempt": 0, "step": s, "at_s": 1.0 + s, "checkpoint": None} for s in range(1, 6)
+    ]
     steps += [{"attempt": 1, "step": s, "at_s": 5.0 + s, "checkpoint": None} for s in range(4, 11)]
     steps[3]["checkpoint"], steps[3]["commit_ms"] = "checkpoint_000001", 500.0
     restarts = [{"at_s": 6.6, "stop_ms": 100.0, "schedule_ms": 0.0, "start_ms": 300.0}]
@@ -83,7 +85,7 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
 
 
 def test_time_in_the_servers_queue_is_queueing() -> None:
-    from trainguard.goodput import goodput
+    from trainguard.records.goodput import goodput
 
     job = {"created_at_s": 0.0, "ended_at_s": 10.0}
     moves = [

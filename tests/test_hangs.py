@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from trainguard.hangs import HangDetected, HangWatch
+from trainguard.hangs.watch import HangDetected, HangWatch
 
 
 def _watch(

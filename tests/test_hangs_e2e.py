@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import TG, child
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 
 def run(tg: TG, *args: str, n: int = 2, actions: tuple[str, ...] = ()) -> tuple[int, str]:

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from trainguard.classify import ExitEvidence, classify_exit
-from trainguard.policy import (
+from trainguard.policy.budgets import Budgets, Failure
+from trainguard.policy.classes import ExitEvidence
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import (
     STARTUP_WINDOW_S,
-    Budgets,
     FailJob,
-    Failure,
     RestartJob,
     RestartReplica,
     decide_failure,
     repeated_at_same_point,
 )
-from trainguard.spec import FaultTolerance
+from trainguard.spec.models import FaultTolerance
 
 TIMEOUT = (
     "RuntimeError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=77, "

@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
+
+try:
+    from fastapi.testclient import TestClient
+except (ImportError, RuntimeError):  # Starlette's test client needs httpx: the test extra
+    pytest.skip("needs httpx (the test extra)", allow_module_level=True)
 from test_server import server_factory  # noqa: F401  (the fixture)
 
-from trainguard.http_guard import MAX_BODY, Guard, host_allowed
+from trainguard.service.http_guard import MAX_BODY, Guard, host_allowed
 
 
 def _app() -> FastAPI:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TG, child
 
-from trainguard.inject import parse_injection
-from trainguard.store import Store
+from trainguard.records.store import Store
+from trainguard.spec.injection import parse_injection
 
 
 @pytest.mark.parametrize(

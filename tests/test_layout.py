@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from trainguard.frameworks import EnvContext, Roster, preset
-from trainguard.layout import plan_replicas, primary_replica, replica_env
-from trainguard.spec import (
+from trainguard.frameworks.replica_plan import plan_replicas, primary_replica, replica_env
+from trainguard.spec.models import (
     JobSpec,
     validate_spec,
 )

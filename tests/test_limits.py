@@ -6,8 +6,8 @@ import pytest
 from conftest import TG
 
 from trainguard.errors import SpecError
-from trainguard.quota import MIN_CPUS_PER_REPLICA, request_of
-from trainguard.spec import MAX_LIMIT, validate_spec
+from trainguard.service.quota import MIN_CPUS_PER_REPLICA, request_of
+from trainguard.spec.models import MAX_LIMIT, validate_spec
 
 
 def _problems(data: dict[str, object]) -> list[str]:
@@ -71,7 +71,7 @@ def test_a_huge_flag_is_exit_2_with_one_line(tg: TG) -> None:
 
 
 def test_the_servers_quota_caps_running_replicas_in_all() -> None:
-    from trainguard.quota import DEFAULT_MAX_REPLICAS, Quota, Request
+    from trainguard.service.quota import DEFAULT_MAX_REPLICAS, Quota, Request
 
     quota = Quota()
     assert quota.replicas == DEFAULT_MAX_REPLICAS

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import TG, alive, child, read_pid, wait_for
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 
 def run(tg: TG, *args: str, n: int = 2, actions: tuple[str, ...] = ()) -> tuple[int, str]:
@@ -196,7 +197,7 @@ def test_environment_of_each_replica(tg: TG, tmp_path: Path) -> None:
     assert len({e["MASTER_PORT"] for e in envs}) == 1
 
 
-def _start_forever(tg: TG, tmp_path: Path, *extra: str) -> tuple[object, Path]:
+def _start_forever(tg: TG, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
     pids = tmp_path / "pid"
     proc = tg.start(
         "run",
@@ -213,7 +214,7 @@ def _start_forever(tg: TG, tmp_path: Path, *extra: str) -> tuple[object, Path]:
         ),
     )
     for r in (0, 1):
-        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}.child")), what=f"rank {r} to start")
+        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}.child")), what=f"rank {r} to start")  # type: ignore[misc]
     return proc, pids
 
 
@@ -391,7 +392,7 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
     replica_restart = "RestartReplica(worker-2)"
     assert decisions == [replica_restart] * 5 + ["RestartJob"] + [replica_restart] * 5
     # the other workers kept running through worker-2's restarts: one run each per attempt
-    from trainguard.store import Store
+    from trainguard.records.store import Store
 
     runs = Store(tg.home).runs_of(job["id"], attempt=0)
     per_replica = {
@@ -416,7 +417,7 @@ def test_a_second_ctrl_c_stops_without_waiting_for_the_grace(tg: TG, tmp_path: P
         *child("*:trap-term", f"*:pidfile:{pids}", "*:forever"),
     )
     for r in (0, 1):
-        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")
+        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")  # type: ignore[misc]
     job_id = tg.json("jobs")[0]["id"]
     wait_for(lambda: tg.json("status", job_id)["state"] == "RUNNING", what="RUNNING")
     os.kill(proc.pid, signal.SIGINT)

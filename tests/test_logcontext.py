@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.classify import ExitEvidence, FailureClass, classify_exit, failed_before_stop
-from trainguard.logcontext import (
+from trainguard.policy.classes import ExitEvidence, FailureClass
+from trainguard.policy.classify import classify_exit, failed_before_stop
+from trainguard.policy.logcontext import (
     Phase,
     child_signal,
     collective_mismatch,
@@ -17,7 +18,7 @@ from trainguard.logcontext import (
     root_exception_block,
     solo_work_before_timeout,
 )
-from trainguard.logtail import clean
+from trainguard.policy.logtail import clean
 
 
 @pytest.mark.parametrize(

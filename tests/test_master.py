@@ -3,81 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeBackend
 
-from trainguard.backends.base import BackendEvent, Launch, ReplicaExited, ReplicaStarted
-from trainguard.classify import INTERNAL_ERROR_MESSAGE, ExitEvidence
-from trainguard.master import CancelRequested, Master
-from trainguard.recorder import Recorder
-from trainguard.snapshot import snapshot_all
-from trainguard.spec import validate_spec
+from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.master.events import CancelRequested
+from trainguard.master.loop import Master
+from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE, ExitEvidence
+from trainguard.records.recorder import Recorder
+from trainguard.records.store import Store
+from trainguard.spec.models import validate_spec
 from trainguard.states import JobState
-from trainguard.store import Store
-
-
-class FakeBackend:
-    """Starts nothing; reports what a test tells it, in the order it is told."""
-
-    preload_note: str | None = None
-
-    def __init__(self, fail_start: bool = False) -> None:
-        self.emit: Callable[[BackendEvent], None] = lambda _e: None
-        self.launches: list[Launch] = []
-        self.live: dict[str, Launch] = {}
-        self.stops: list[list[str]] = []
-        self.port = 40000
-        self.fail_start = fail_start
-        self.closed = False
-
-    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
-        self.emit = emit
-
-    async def rendezvous(self) -> tuple[str, int]:
-        self.port += 1
-        return "127.0.0.1", self.port
-
-    async def start(self, launches: Sequence[Launch]) -> None:
-        if self.fail_start:
-            raise RuntimeError("backend exploded")
-        for launch in launches:
-            self.launches.append(launch)
-            self.live[launch.replica] = launch
-            pid = 1000 + len(self.launches)
-            self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
-
-    def exit(
-        self, replica: str, returncode: int, stop_requested: bool = False, progressed: bool = True
-    ) -> None:
-        """`progressed`: the replica had trained (a crash mid-run, not in start-up)."""
-        launch = self.live.pop(replica)
-        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested, progressed=progressed)
-        self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
-
-    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
-        self.stops.append(list(replicas))
-        for name in replicas:
-            if name in self.live:
-                self.exit(name, -15, stop_requested=True)
-
-    def log_tail(self, replica: str) -> tuple[str, ...]:
-        return ()
-
-    async def snapshot(self, targets: Any, timeout_s: float, files: Any) -> list[Any]:
-        return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
-
-    def isolate_after(self, replica: str, c: Any) -> None:
-        return None
-
-    def last_output_s(self) -> float:
-        return 0.0
-
-    async def close(self) -> None:
-        self.closed = True
-        await self.stop(list(self.live), 0)
 
 
 def make(
@@ -139,6 +79,7 @@ def test_transient_failure_restarts_the_whole_job(tmp_path: Path) -> None:
             "worker-0": "STOPPED",
             "worker-1": "FAILED",
         }
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -158,6 +99,7 @@ def test_budget_runs_out_then_the_job_fails_with_the_last_message(tmp_path: Path
             "Termination reason: SIGABRT."
         )
         assert m.outcome.attempts == 3
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -176,6 +118,7 @@ def test_exits_of_an_old_attempt_change_nothing(tmp_path: Path) -> None:
         await m.step(ReplicaExited(old.attempt, "worker-0", 0, 1, ev, 3.0))
         assert m.state is JobState.RUNNING and m.attempt == 1
         assert len(store.restarts_of("job-1")) == 1
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -212,6 +155,7 @@ def test_replicas_that_exit_while_the_next_ones_start_are_decided(
         assert m.state is (JobState.SUCCEEDED if code == 0 else JobState.FAILED)
         states = [t["to_state"] for t in store.transitions_of("job-1")]
         assert states[:3] == ["PENDING", "RUNNING", "RESTARTING"]
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -225,6 +169,7 @@ def test_a_job_runs_when_one_replica_is_done_before_the_last_starts(tmp_path: Pa
         assert m.state is JobState.RUNNING
         (t,) = [t for t in store.transitions_of("job-1") if t["to_state"] == "RUNNING"]
         assert t["reason"] == "attempt 0: all 3 replicas started, 1 already exited"
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -241,6 +186,7 @@ def test_cancel_stops_everything_and_charges_nothing(tmp_path: Path) -> None:
         assert m.budgets.job_restarts == 0 and store.restarts_of("job-1") == []
         states = [t["to_state"] for t in store.transitions_of("job-1")]
         assert states[-2:] == ["CANCELLING", "CANCELLED"]
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -260,6 +206,7 @@ def test_async_mode_restarts_only_the_failed_worker(tmp_path: Path) -> None:
         assert m.budgets.replica_restarts == {"worker-1": 1}
         (rec,) = store.restarts_of("job-1")
         assert rec["decision"].startswith("RestartReplica(worker-1)")
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -275,7 +222,8 @@ def test_primary_success_ends_the_job(tmp_path: Path) -> None:
         assert m.state is JobState.RUNNING  # worker-1 is not the primary
         be.exit("worker-0", 0)
         await drain(m)
-        assert m.state is JobState.SUCCEEDED
+        assert m.state is JobState.SUCCEEDED  # type: ignore[comparison-overlap]  # await moved it
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -323,6 +271,7 @@ def test_root_cause_is_the_earliest_non_cascade_failure(tmp_path: Path) -> None:
             ("worker-0", False, "worker-1"),
         ]
         assert store.restarts_of("job-1") == []
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -356,6 +305,7 @@ def test_a_replica_stopped_after_its_own_traceback_is_still_the_root_cause(
         roots = [f for f in store.failures_of("job-1") if f["root_cause"]]
         assert [(f["replica"], f["rule"]) for f in roots] == [("worker-1", "python-bug")]
         assert store.restarts_of("job-1") == []
+        await m.shutdown()
 
     asyncio.run(scenario())
 
@@ -379,5 +329,6 @@ def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
             "preemption",
             "worker-1",
         )
+        await m.shutdown()
 
     asyncio.run(scenario())

@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT, TG, alive, wait_for
 from test_mpi_launch import requires_mpi
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 pytestmark = [pytest.mark.slow, requires_mpi]
 

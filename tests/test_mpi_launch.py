@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, alive, needs, wait_for
 
-from trainguard.mpi_launch import (
+from trainguard.backends.mpi.launch import (
     ALLOW_ROOT_ENV,
     EXIT_ON_ERROR,
     RankFailure,
@@ -257,7 +257,7 @@ def test_utf8_split_across_chunks_and_crlf() -> None:
 
 
 def test_a_line_without_end_comes_out_in_bounded_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainguard.mpi_launch.MAX_LINE_BYTES", 8)
+    monkeypatch.setattr("trainguard.backends.mpi.launch.MAX_LINE_BYTES", 8)
     assert list(demux([b"[1,0]<stdout>:0123456789abc\n"])) == [(0, "0123456789abc"), (0, "")]
     d = TagDemux()
     assert d.feed(b"[1,0]<stdout>:0123") == []

@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
-from trainguard.notify import (
-    EVENT_HEADER,
-    SIGNATURE_HEADER,
-    Notifier,
-    NotifyRule,
-    sign,
-    verify,
-)
+from trainguard.notify.notifier import Notifier
+from trainguard.notify.signing import EVENT_HEADER, SIGNATURE_HEADER, sign, verify
+from trainguard.spec.notify_rules import NotifyRule
 from trainguard.states import JobState
 
 FAST = {"backoff_s": 0.05, "dedupe_window_s": 0}  # quick retries, no dedupe unless a test asks
@@ -94,14 +90,6 @@ class Receiver:
         self._server.server_close()
 
 
-class Clock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def dead_url() -> str:
     """A URL whose port has nothing listening (connections are refused at once)."""
     with socket.socket() as sock:
@@ -149,7 +137,7 @@ def notifier() -> Iterator[Callable[..., Notifier]]:
         n.close(timeout_s=1)
 
 
-def timed(fn: Callable[[], None]) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.monotonic()
     fn()
     return time.monotonic() - start
@@ -181,7 +169,7 @@ def test_rule_validation_names_field_and_value(fields: dict[str, Any], message: 
 
 def test_rule_errors_read_well_inside_a_job_spec() -> None:
     from trainguard.errors import SpecError
-    from trainguard.spec import validate_spec
+    from trainguard.spec.models import validate_spec
 
     pools = [{"role": "worker", "replicas": 1, "command": ["x"]}]
     rules = [{"sink": "webhook"}, {"sink": "command", "command": ["x"], "states": ["FAILD"]}]
@@ -233,7 +221,7 @@ def test_webhook_payload_headers_and_signature(
             NotifyRule(sink="webhook", url=f"{r.url}/a", secret="s3cret", **FAST),
             NotifyRule(sink="webhook", url=f"{r.url}/b", secret_env="HOOK_SECRET", **FAST),
         ],
-        clock=Clock(1234.5),
+        clock=FakeClock(1234.5),
     )
     n.emit("state_change", "job failed", state=JobState.FAILED, previous="RUNNING", attempt=2)
     n.close()
@@ -313,7 +301,7 @@ def test_dead_endpoint_never_blocks_the_caller_or_another_rule(
             NotifyRule(sink="webhook", url=live.url, **FAST),
         ]
     )
-    took = timed(lambda: [n.emit("custom_message", f"step {i}") for i in range(5)])
+    took = timed(lambda: [n.emit("custom_message", f"step {i}") for i in range(5)])  # type: ignore[func-returns-value]
     assert took < 0.2
     wait_until(lambda: len(live.hits) == 5)
     wait_until(lambda: n.stats["failed"] == 5)
@@ -334,7 +322,7 @@ def test_slow_endpoint_neither_blocks_emit_nor_holds_close(
             NotifyRule(sink="webhook", url=live.url, **FAST),
         ]
     )
-    took = timed(lambda: [n.emit("custom_message", f"m{i}") for i in range(3)])
+    took = timed(lambda: [n.emit("custom_message", f"m{i}") for i in range(3)])  # type: ignore[func-returns-value]
     assert took < 0.2
     wait_until(lambda: len(live.hits) == 3, timeout_s=2)  # while the slow one still hangs
     wait_until(lambda: len(slow.hits) >= 1)
@@ -363,7 +351,7 @@ def test_full_queue_drops_the_oldest(
 def test_dedupe_suppresses_repeats_then_reports_how_many(
     receiver: Callable[..., Receiver], notifier: Callable[..., Notifier]
 ) -> None:
-    r, clock = receiver(), Clock()
+    r, clock = receiver(), FakeClock()
     rule = NotifyRule(sink="webhook", url=r.url, backoff_s=0.05, dedupe_window_s=60)
     n = notifier([rule], clock=clock)
     for _ in range(5):
@@ -392,7 +380,7 @@ def test_dedupe_suppresses_repeats_then_reports_how_many(
 def test_rate_limit_is_a_rolling_minute(
     receiver: Callable[..., Receiver], notifier: Callable[..., Notifier]
 ) -> None:
-    r, clock = receiver(), Clock()
+    r, clock = receiver(), FakeClock()
     n = notifier([NotifyRule(sink="webhook", url=r.url, rate_limit_per_min=3, **FAST)], clock=clock)
     for i in range(5):
         n.emit("custom_message", f"a{i}")

@@ -16,7 +16,7 @@ import yaml
 from conftest import TG, child, wait_for
 from test_server import Server
 
-from trainguard.notify import verify
+from trainguard.notify.signing import verify
 
 
 class Receiver:

@@ -14,11 +14,9 @@ from conftest import TG, child
 from postgres import create_database
 from sqlalchemy import text
 
-from trainguard import store as store_module
 from trainguard.errors import StoreError
-from trainguard.states import JobState
-from trainguard.store import (
-    Store,
+from trainguard.records import engine as engine_module
+from trainguard.records.schema import (
     attempts,
     events,
     failure_records,
@@ -27,6 +25,10 @@ from trainguard.store import (
     replica_runs,
     restart_records,
 )
+from trainguard.records.store import Store
+from trainguard.states import JobState
+
+pytest.importorskip("psycopg")  # the postgres extra; a base install skips this file
 
 pytestmark = pytest.mark.postgres
 
@@ -208,7 +210,7 @@ def test_four_processes_open_a_new_database_at_once(db: str, tmp_path: Path) -> 
     urls = [db, *(create_database(db, f"t_{uuid.uuid4().hex[:12]}") for _ in range(2))]
     start_s = time.time() + 2  # after every interpreter has imported SQLAlchemy
     code = (
-        "import sys, time; from pathlib import Path; from trainguard.store import Store\n"
+        "import sys, time; from pathlib import Path; from trainguard.records.store import Store\n"
         "for i, url in enumerate(sys.argv[2:]):\n"
         f"    time.sleep(max(0.0, {start_s} + 0.5 * i - time.time()))\n"
         "    Store(Path(sys.argv[1]), url).close()\n"
@@ -250,7 +252,7 @@ def test_an_unreachable_server_is_one_clear_line(tmp_path: Path) -> None:
 def test_a_server_that_never_answers_times_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "CONNECT_TIMEOUT_S", 1)  # the default, made short
+    monkeypatch.setattr(engine_module, "CONNECT_TIMEOUT_S", 1)  # the default, made short
     with socket.socket() as silent:  # accepts connections (the kernel does), never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)

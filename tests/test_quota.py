@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.quota import (
+from trainguard.service.quota import (
     BEHIND,
     Admit,
     Expire,
@@ -13,11 +13,11 @@ from trainguard.quota import (
     Reject,
     Request,
     Wait,
-    parse_memory,
     plan,
     request_of,
 )
-from trainguard.spec import validate_spec
+from trainguard.spec.models import validate_spec
+from trainguard.spec.sizes import parse_memory
 
 
 def job(

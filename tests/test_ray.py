@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 from conftest import ROOT, TG, alive, child, wait_for
 from raycluster import DRIVER_ENV, LOOPBACK, RayCluster
+
+torch = pytest.importorskip("torch")  # the torch extra; a base install skips this file
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -187,7 +188,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def _a_worker_node(cluster: RayCluster) -> int:
-    return max(n["index"] for n in cluster.nodes())  # alive, and not the head (0)
+    return int(max(n["index"] for n in cluster.nodes()))  # alive, and not the head (0)
 
 
 def _whole_cluster_job(tmp_path: Path, cluster: RayCluster, **extra: Any) -> str:

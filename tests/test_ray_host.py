@@ -7,11 +7,13 @@ import time
 
 from conftest import alive, child
 
-from trainguard.backends.ray import bundle_of
-from trainguard.backends.ray_host import ReplicaHost
-from trainguard.classify import ExitEvidence, FailureClass, classify_exit
-from trainguard.policy import Budgets, Failure, RestartJob, decide_failure
-from trainguard.spec import FaultTolerance, Resources
+from trainguard.backends.ray.backend import bundle_of
+from trainguard.backends.ray.host import ReplicaHost
+from trainguard.policy.budgets import Budgets, Failure
+from trainguard.policy.classes import ExitEvidence, FailureClass
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import RestartJob, decide_failure
+from trainguard.spec.models import FaultTolerance, Resources
 
 
 def _drain(host: ReplicaHost, deadline_s: float = 20) -> tuple[bytes, int]:
@@ -69,7 +71,7 @@ def test_a_lost_node_is_retryable_on_its_own_budget() -> None:
     assert (
         "max_node_lost_restarts is spent"
         in decide_failure(FaultTolerance(), spent, failure, 3).reason
-    )  # type: ignore[union-attr]
+    )
     # A stop on its way when the node died does not make the loss the master's doing.
     stopped = classify_exit(ExitEvidence("worker-1", None, stop_requested=True, node_lost="x"))
     assert stopped.failure_class is FailureClass.NODE_LOST

@@ -41,7 +41,7 @@ def probe(ray: Any, node: raycluster.RayNode) -> Any:
         def spawn(self) -> int:
             return subprocess.Popen(["sleep", "600"], start_new_session=True).pid
 
-    return Probe.options(resources={node.resource: 0.01}).remote()
+    return Probe.options(resources={node.resource: 0.01}).remote()  # type: ignore[attr-defined]
 
 
 def test_three_nodes_on_loopback(ray_cluster: RayCluster, ray: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import TG, alive, child, read_pid, wait_for
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 FOREVER_ON_FIRST_ATTEMPT = ("*:print:attempt {attempt}", "*@0:pidfile:{pids}", "*@0:forever")
 
@@ -18,7 +18,7 @@ def _start(tg: TG, pids: Path, *extra: str) -> int:
     actions = [a.replace("{pids}", str(pids)) for a in FOREVER_ON_FIRST_ATTEMPT]
     proc = tg.start("run", "--quiet", "--nproc", "2", *extra, "--", *child(*actions))
     for r in (0, 1):
-        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")
+        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")  # type: ignore[misc]
     return proc.pid
 
 
@@ -67,7 +67,7 @@ def test_a_cancelled_job_can_be_resumed(tg: TG, tmp_path: Path) -> None:
     actions = [a.replace("{pids}", str(pids)) for a in FOREVER_ON_FIRST_ATTEMPT]
     proc = tg.start("run", "--quiet", "--nproc", "2", "--", *child(*actions))
     for r in (0, 1):
-        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")
+        wait_for(lambda r=r: read_pid(Path(f"{pids}.{r}")), what=f"rank {r}")  # type: ignore[misc]
     os.kill(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     res = tg("resume", "child", "--quiet")
@@ -83,3 +83,22 @@ def test_a_finished_or_unknown_job_cannot_be_resumed(tg: TG) -> None:
     res = tg("resume", "no-such-job")
     assert res.returncode == 2 and "no job with id or name 'no-such-job'" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_killed_master_not_yet_reaped_counts_as_gone() -> None:
+    """A zombie runs nothing: a master killed while its parent has not waited for it yet
+    is gone (its job is INTERRUPTED), not 'still running'."""
+    import subprocess
+    import sys
+
+    from trainguard.records.liveness import process_start_ticks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_start_ticks(proc.pid) is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] == "Z")
+        assert process_start_ticks(proc.pid) is None  # a zombie until we reap it below
+    finally:
+        proc.kill()
+        proc.wait()

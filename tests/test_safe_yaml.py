@@ -9,8 +9,8 @@ import pytest
 from conftest import TG
 
 from trainguard.errors import SpecError
-from trainguard.safe_yaml import YamlProblem, parse_bounded
-from trainguard.spec import load_spec_file, validate_spec
+from trainguard.spec.models import load_spec_file, validate_spec
+from trainguard.spec.safe_yaml import YamlProblem, parse_bounded
 
 BOMB = """
 a: &a ["x","x","x","x","x","x","x","x","x"]

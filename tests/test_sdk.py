@@ -10,7 +10,6 @@ import asyncio
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,9 +25,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from trainguard import sdk, sdk_server
+from trainguard import sdk
+from trainguard.backends.net import free_port
 from trainguard.errors import CallRefused
-from trainguard.sdk_server import SdkServer, new_token
+from trainguard.master import sdk_channel as sdk_server
+from trainguard.master.sdk_channel import SdkServer, new_token
 
 pytestmark = pytest.mark.filterwarnings("error::trainguard.sdk.SdkWarning")
 
@@ -152,12 +153,6 @@ def sdk_warnings() -> Iterator[list[str]]:
     texts.extend(str(w.message) for w in caught if issubclass(w.category, sdk.SdkWarning))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def hang_values(recorder: Recorder) -> list[object]:
     return [c[2] for c in recorder.calls if c[0] == "hang_detect"]
 
@@ -241,12 +236,12 @@ def test_set_retryable_errors_and_custom_message(under_trainguard: Master) -> No
         (lambda: sdk.hang_detect(float("nan")), ValueError),
         (lambda: sdk.hang_detect(float("inf")), ValueError),
         (lambda: sdk.hang_detect(True), TypeError),
-        (lambda: sdk.hang_detect("5"), TypeError),
-        (lambda: sdk.heartbeat("7"), TypeError),
+        (lambda: sdk.hang_detect("5"), TypeError),  # type: ignore[arg-type]
+        (lambda: sdk.heartbeat("7"), TypeError),  # type: ignore[arg-type]
         (lambda: sdk.heartbeat(-1), TypeError),
-        (lambda: sdk.set_retryable_errors("one string"), TypeError),
-        (lambda: sdk.set_retryable_errors([1]), TypeError),
-        (lambda: sdk.send_custom_message(None), TypeError),
+        (lambda: sdk.set_retryable_errors("one string"), TypeError),  # type: ignore[arg-type]
+        (lambda: sdk.set_retryable_errors([1]), TypeError),  # type: ignore[list-item]
+        (lambda: sdk.send_custom_message(None), TypeError),  # type: ignore[arg-type]
     ],
 )
 def test_wrong_arguments_raise(call: object, error: type[Exception]) -> None:

@@ -36,7 +36,8 @@ class Server:
         info = self.tg.home / "server.json"
         info.unlink(missing_ok=True)
         self.proc = self.tg.start("server", "--port", "0", *self.flags)
-        wait_for(lambda: info.is_file() or self.proc.poll() is not None, 30, "the server")
+        proc = self.proc
+        wait_for(lambda: info.is_file() or proc.poll() is not None, 30, "the server")
         assert self.proc.poll() is None, self.proc.communicate()
         self.url = json.loads(info.read_text())["url"]
         made = self.tg.home / "server.token"  # no token given: the server made one
@@ -312,7 +313,8 @@ def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
 
 
 def test_metrics_in_prometheus_format(server_factory: Any) -> None:
-    from prometheus_client.parser import text_string_to_metric_families
+    parser = pytest.importorskip("prometheus_client.parser")  # the test extra
+    text_string_to_metric_families = parser.text_string_to_metric_families
 
     srv = server_factory("--cpus", "2")
     job_id = srv.submit(

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from trainguard.spec import ExecutionMode
+from trainguard.spec.models import ExecutionMode
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "simulate.py"
 
@@ -31,14 +31,16 @@ SYNC, ASYNC = ExecutionMode.SYNC, ExecutionMode.ASYNC
 
 def parts(r: object) -> float:
     """What a result's wall time was spent on, added up (it must be all of it)."""
-    return sum(
-        getattr(r, name)
-        for name in (
-            "productive_s",
-            "checkpoint_s",
-            "redone_s",
-            "restart_s",
-            "replica_restart_s",
+    return float(
+        sum(
+            getattr(r, name)
+            for name in (
+                "productive_s",
+                "checkpoint_s",
+                "redone_s",
+                "restart_s",
+                "replica_restart_s",
+            )
         )
     )
 

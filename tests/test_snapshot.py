@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import alive, wait_for
 
-from trainguard.snapshot import find_py_spy, snapshot_all
-from trainguard.stacks import ReplicaSnapshot
+from trainguard.hangs.snapshot import find_py_spy, snapshot_all
+from trainguard.hangs.stack_model import ReplicaSnapshot
 
 SLEEPER = """
 import sys, time

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from conftest import TG, alive, child, wait_for
 
-from trainguard.backends._guardian import TOKEN_ENV, Guardian
-from trainguard.backends.base import BackendEvent, Launch, ReplicaExited, ReplicaStarted
-from trainguard.backends.local import LocalBackend
-from trainguard.childwatch import pidfd_child_watcher
+from trainguard.backends.api import BackendEvent, Launch, ReplicaExited, ReplicaStarted
+from trainguard.backends.childwatch import pidfd_child_watcher
+from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.local.backend import LocalBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +179,7 @@ _MASTER = textwrap.dedent(
     """
     import os, subprocess, sys, time
     sys.path.insert(0, {src!r})
-    from trainguard.backends._guardian import TOKEN_ENV, Guardian
+    from trainguard.backends.guardian import TOKEN_ENV, Guardian
     g = Guardian()
     out = sys.argv[1]
     def start(cmd, token):

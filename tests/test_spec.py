@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from trainguard.errors import SpecError
-from trainguard.spec import (
+from trainguard.spec.models import (
     ExecutionMode,
     FaultTolerantPolicy,
     SuccessPolicy,

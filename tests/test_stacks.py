@@ -7,18 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.progress import straggler_report
-from trainguard.stacks import (
-    Frame,
-    ReplicaSnapshot,
-    StackReport,
-    ThreadStack,
-    aggregate,
-    in_collective,
-    parse_faulthandler,
-    parse_py_spy_json,
-    render,
-)
+from trainguard.hangs.progress import straggler_report
+from trainguard.hangs.stack_model import Frame, ReplicaSnapshot, StackReport, ThreadStack
+from trainguard.hangs.stack_parsers import parse_faulthandler, parse_py_spy_json
+from trainguard.hangs.stacks import aggregate, in_collective, render
 
 PYSPY = Path(__file__).parent / "fixtures" / "pyspy"
 SITE = "/venv/lib/python3.11/site-packages"

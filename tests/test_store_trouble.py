@@ -21,10 +21,10 @@ import pytest
 from conftest import TG, child, wait_for
 
 from trainguard.errors import StoreError
-from trainguard.recorder import Recorder
-from trainguard.spec import validate_spec
+from trainguard.records.recorder import Recorder
+from trainguard.records.store import Store
+from trainguard.spec.models import validate_spec
 from trainguard.states import JobState
-from trainguard.store import Store
 
 
 class FlakyStore(Store):
@@ -40,11 +40,11 @@ class FlakyStore(Store):
         self._check()
         super().update_job(job_id, **values)
 
-    def insert(self, table: object, **values: object) -> int:  # type: ignore[override]
+    def insert(self, table: object, **values: object) -> int:
         self._check()
         return super().insert(table, **values)  # type: ignore[arg-type]
 
-    def update_row(self, table: object, row_id: int, **values: object) -> None:  # type: ignore[override]
+    def update_row(self, table: object, row_id: int, **values: object) -> None:
         self._check()
         super().update_row(table, row_id, **values)  # type: ignore[arg-type]
 
@@ -68,7 +68,8 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
     runs = store.runs_of("job-1", attempt=0)
     assert [(r["replica"], r["pid"]) for r in runs] == [("worker-0", 7)]
     # a later write that names the placeholder reaches the real row
-    from trainguard.classify import ExitEvidence, classify_exit
+    from trainguard.policy.classes import ExitEvidence
+    from trainguard.policy.classify import classify_exit
     from trainguard.states import ReplicaState
 
     c = classify_exit(ExitEvidence("worker-0", 0))

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, TG, needs, wait_for
 
-from trainguard.store import Store
+from trainguard.records.store import Store
 
 
 def _tf_missing() -> str | None:
@@ -49,11 +49,11 @@ def _job(tmp_path: Path, name: str, example: str, pools: dict[str, int], *args: 
 
 def _replica(status: dict[str, Any], name: str) -> dict[str, Any]:
     (rep,) = [r for r in status["replicas"] if r["name"] == name]
-    return rep
+    return dict(rep)
 
 
 def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: Path) -> None:
-    args = ("--steps", "300", "--step-time", "0.03", "--ckpt-every", "100")
+    args: tuple[str, ...] = ("--steps", "300", "--step-time", "0.03", "--ckpt-every", "100")
     args += ("--ckpt-dir", str(tmp_path / "ckpt"))  # paced: ~9 s, the worker rejoins in time
     pools = {"chief": 1, "worker": 2, "ps": 1}
     proc = tg.start("run", "--quiet", "-f", _job(tmp_path, "ps", "tf_ps.py", pools, *args))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from trainguard.classify import ExitEvidence, FailureClass, classify_exit
-from trainguard.signatures import Rules, compile_user_pattern
+from trainguard.policy.catalogue import Rules, compile_user_pattern
+from trainguard.policy.classes import ExitEvidence, FailureClass
+from trainguard.policy.classify import classify_exit
 
 
 def test_a_catastrophic_pattern_runs_in_linear_time() -> None:

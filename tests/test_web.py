@@ -209,7 +209,12 @@ def test_job_page_follows_a_job_that_hangs_once_and_recovers(
         "12",
     )
     api_calls: list[tuple[float, str]] = []
-    page.on("request", lambda r: "/api/" in r.url and api_calls.append((time.monotonic(), r.url)))
+
+    def note(r: Any) -> None:
+        if "/api/" in r.url:
+            api_calls.append((time.monotonic(), r.url))
+
+    page.on("request", note)
 
     # the list, then the job page through its link (hash routing, same document)
     page.goto(f"{server.url}/#token={server.token}")

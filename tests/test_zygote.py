@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import TG, alive, child, wait_for
 
-from trainguard.backends.zygote import expand, forkable
+from trainguard.backends.local.zygote import expand, forkable
 
 
 def test_which_commands_can_be_forked() -> None:

@@ -1,5 +1,5 @@
 import sys
 
-from trainguard.cli import main
+from trainguard.cli.main import main
 
 sys.exit(main())

@@ -195,7 +195,7 @@ def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
     name: str | None = None
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     if checkpoint is not None and storage:
-        from trainguard import checkpoints
+        from trainguard.records import checkpoints
 
         name = checkpoints.commit(Path(checkpoint), storage, step=step, metrics=dict(metrics))
     _post("/v1/report", {"step": step, "metrics": dict(metrics), "checkpoint": name})
@@ -206,7 +206,7 @@ def get_checkpoint() -> str | None:
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     if not storage:
         return None
-    from trainguard import checkpoints
+    from trainguard.records import checkpoints
 
     found = checkpoints.latest(storage)
     return str(found) if found else None
@@ -216,7 +216,7 @@ def mark_checkpoint_bad(path: str) -> None:
     """This checkpoint could not be loaded: `get_checkpoint()` will offer the one before."""
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     if storage:
-        from trainguard import checkpoints
+        from trainguard.records import checkpoints
 
         checkpoints.mark_bad(storage, Path(path).name)
 

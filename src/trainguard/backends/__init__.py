@@ -1,6 +1,6 @@
 """Backends: the one seam between the master and processes or machines."""
 
-from trainguard.backends.base import (
+from trainguard.backends.api import (
     Backend,
     BackendEvent,
     Launch,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from trainguard.logtail import MAX_LINE, Tail
+from trainguard.policy.logtail import MAX_LINE, Tail
 
 LOG_RETRY_S = 5.0
 """How often a log that could not be written is tried again (a disk that filled up)."""

@@ -9,17 +9,16 @@ and one line in the table of `trainguard.frameworks`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from trainguard.policy import RolePolicy
+from trainguard.policy.decisions import RolePolicy
 
 if TYPE_CHECKING:
-    from trainguard.backends.base import Backend
-    from trainguard.layout import ReplicaPlan
-    from trainguard.spec import JobSpec
+    from trainguard.frameworks.replica_plan import ReplicaPlan
+    from trainguard.spec.models import JobSpec
 
 T = TypeVar("T")
 
@@ -74,49 +73,18 @@ class EnvContext:
 
 
 class Preset:
-    """The default framework behaviour; each preset overrides what it must."""
+    """What a framework does at run time; each preset overrides what it must. What it
+    asks of a spec (roles, defaults, problems) is its `trainguard.spec.frameworks` rules."""
 
     name = "generic"
-    # The roles a pool may have; None: any role.
-    roles: frozenset[str] | None = None
-    # Spec defaults the preset implies, applied where the job spec does not set them:
-    # keys of `fault_tolerance`, and `success_policy`.
-    ft_defaults: ClassVar[Mapping[str, Any]] = {}
-    success_policy: str | None = None
     # Whether every replica needs a stable address of its own (TensorFlow's cluster spec).
     task_addresses = False
-    backends: frozenset[str] = frozenset({"local", "ray"})
-    # Whether `allow_partial` makes sense: replicas whose results stand alone (shards).
-    partial_results = False
-
-    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
-        """The fault_tolerance defaults for a job of these pools (raw spec data)."""
-        return self.ft_defaults
+    # A launcher the replicas run behind (mpi: mpirun starts the ranks); the runner puts
+    # the backend behind it.
+    launcher: str | None = None
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         return RolePolicy()
-
-    def problems(self, spec: JobSpec) -> list[str]:
-        """What is wrong with this job for this framework, one line each."""
-        out: list[str] = []
-        if spec.backend not in self.backends:
-            out.append(f"backend: framework {self.name} runs on the local backend only for now")
-        if self.roles is not None:
-            out += [
-                f"worker_pools: framework {self.name} has no role {p.role!r} "
-                f"(its roles: {', '.join(sorted(self.roles))})"
-                for p in spec.worker_pools
-                if p.role not in self.roles
-            ]
-        return out
-
-    def pools_for(self, command: list[str], replicas: int) -> list[dict[str, Any]]:
-        """The worker pools of `trainguard run --nproc-per-node N -- COMMAND`."""
-        return [{"role": "worker", "replicas": replicas, "command": command}]
-
-    def wrap_backend(self, backend: Backend) -> Backend:
-        """The backend this framework's replicas run on (mpi puts its ranks behind it)."""
-        return backend
 
     def env(self, ctx: EnvContext) -> dict[str, str]:
         """The framework's variables; rank and world size are every preset's."""

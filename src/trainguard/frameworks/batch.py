@@ -9,26 +9,17 @@ others' retries), so they default to unlimited here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
 from trainguard.frameworks.base import EnvContext, Preset
-from trainguard.policy import RolePolicy
+from trainguard.policy.decisions import RolePolicy
 
 if TYPE_CHECKING:
-    from trainguard.spec import JobSpec
+    from trainguard.spec.models import JobSpec
 
 
 class Batch(Preset):
     name = "batch"
-    ft_defaults: ClassVar[Mapping[str, Any]] = {
-        "execution_mode": "async",
-        "max_transient_restarts": "unlimited",
-        "max_internal_restarts": "unlimited",
-        "max_node_lost_restarts": "unlimited",
-    }
-    success_policy = "all"
-    partial_results = True
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         # Every role is a shard.

@@ -12,17 +12,15 @@ Strategy) it is sync: a worker restarted alone cannot rejoin its peers' collecti
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainguard.frameworks.base import EnvContext, Preset
-from trainguard.policy import RolePolicy
+from trainguard.policy.decisions import RolePolicy
+from trainguard.spec.frameworks import CLUSTER_ROLES
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from trainguard.spec.models import JobSpec
 
-    from trainguard.spec import JobSpec
-
-CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator watches from outside
 # Vertex AI's pools: the primary replica, workers, parameter servers, evaluators.
 VERTEX_POOLS = {
     "chief": "workerpool0",
@@ -34,24 +32,10 @@ VERTEX_POOLS = {
 
 class TensorFlow(Preset):
     name = "tensorflow"
-    roles = frozenset({*CLUSTER_ROLES, "evaluator"})
     task_addresses = True
-    backends = frozenset({"local"})
-
-    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
-        """Async with parameter servers (a worker restarted alone rejoins); sync without
-        (MultiWorkerMirroredStrategy: a worker restarted alone cannot join the others)."""
-        ps = any(isinstance(p, dict) and p.get("role") == "ps" for p in pools)
-        return {"execution_mode": "async" if ps else "sync"}
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         return RolePolicy(alone=frozenset({"worker"}), optional=frozenset({"evaluator"}))
-
-    def problems(self, spec: JobSpec) -> list[str]:
-        out = super().problems(spec)
-        if {p.role for p in spec.worker_pools} <= {"ps", "evaluator"}:
-            out.append("worker_pools: a tensorflow job needs a chief or a worker pool")
-        return out
 
     def env(self, ctx: EnvContext) -> dict[str, str]:
         plan = ctx.plan

@@ -1,0 +1,111 @@
+"""The backend seam: start replicas, stop them, and report what happens to them as events.
+
+The master never touches a process directly; everything it learns arrives as a
+`BackendEvent` through the `emit` callback it binds, in the order it happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.policy.classes import Classification, ExitEvidence
+
+
+class NoCapacity(Exception):
+    """The backend cannot place the attempt's replicas now (too few free resources)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one run of one replica."""
+
+    attempt: int
+    replica: str
+    rank: int
+    restart: int  # how many times this replica was restarted alone in this attempt
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class ReplicaStarted:
+    attempt: int
+    replica: str
+    restart: int
+    pid: int
+    time_s: float
+    node: str | None = None  # where it runs, when that is not this machine
+
+
+@dataclass(frozen=True)
+class ReplicaFirstOutput:
+    attempt: int
+    replica: str
+    restart: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class ReplicaExited:
+    attempt: int
+    replica: str
+    restart: int
+    pid: int | None
+    evidence: ExitEvidence
+    time_s: float  # when the backend saw the exit
+
+
+BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
+
+
+class Backend(Protocol):
+    @property
+    def preload_note(self) -> str | None:
+        """What the warm start did (or why it is off), for the master to say once; None
+        where the backend has no warm start."""
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        """Where to send events; called once before anything starts."""
+
+    async def rendezvous(self) -> tuple[str, int]:
+        """A fresh (MASTER_ADDR, MASTER_PORT) for a new attempt."""
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        """Start every launch in parallel; each ends in a ReplicaStarted or ReplicaExited."""
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        """Stop these replicas (TERM, grace, KILL) and return once all are gone.
+
+        Their exits are still emitted, marked as requested by the master.
+        """
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        """Send `signum` to the current run of `replica` where it runs (fault injection:
+        SIGKILL, SIGSEGV, SIGSTOP...); False if it is not running."""
+
+    def last_output_s(self) -> float:
+        """When any replica last printed anything (0 if none has yet): a sign of life."""
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        """The last lines the current run of `replica` printed."""
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        """Every (replica, rank, pid)'s stacks, taken where it runs, within `timeout_s`."""
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        """Keep what `replica`'s failure points at (a lost node) out of later attempts;
+        returns what was isolated and why, for the restart record."""
+
+    async def close(self) -> None:
+        """Stop everything still running and release resources."""

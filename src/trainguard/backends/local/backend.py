@@ -1,0 +1,377 @@
+"""The local-process backend (R-RUN-1): each replica a child process in its own group.
+
+Exits are learnt from the child watcher (an event, never a polling sleep); output is
+read as it arrives, written to one file per replica run, kept as a tail for
+classification, and tee'd to the terminal with a `[replica]` prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from trainguard.backends.api import (
+    BackendEvent,
+    Launch,
+    ReplicaExited,
+    ReplicaFirstOutput,
+    ReplicaStarted,
+)
+from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.local.oom import oom_kill_count
+from trainguard.backends.local.zygote import Zygote, ZygoteError, forkable
+from trainguard.backends.net import free_port
+from trainguard.backends.output import RunOutput
+from trainguard.hangs.snapshot import snapshot_all
+from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.policy.classes import Classification, ExitEvidence
+
+_DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
+_TRACEBACK = "Traceback (most recent call last):"
+_DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
+
+
+def _already_exited(pid: int) -> bool:
+    """True if the child has exited but is not yet reaped (peek without reaping)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _printed_traceback(run: _Run) -> bool:
+    return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
+
+
+class _Run:
+    """One run of one replica: its process and its output."""
+
+    def __init__(
+        self, launch: Launch, tee: TextIO | None, on_output: Callable[[_Run, bool], None]
+    ) -> None:
+        self.launch = launch
+        self.output = RunOutput(
+            launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
+        )
+        self.pid = 0
+        self.transport: asyncio.BaseTransport | None = None
+        self.returncode: int | None = None
+        self.forked = False  # by the preload zygote: not our child, its exit comes by message
+        self.stop_requested = False
+        self.oom_before = oom_kill_count()
+        self.eof = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.done = asyncio.Event()
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, backend: LocalBackend, run: _Run) -> None:
+        self.backend = backend
+        self.run = run
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.run.output.feed(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.backend._on_output_end(self.run)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.run.transport = transport  # before any exit can be reported
+
+    def process_exited(self) -> None:
+        transport = self.run.transport
+        if isinstance(transport, asyncio.SubprocessTransport):
+            self.run.returncode = transport.get_returncode()
+        self.run.exited.set()
+
+
+class _PipeProtocol(asyncio.Protocol):
+    """The output of a replica forked by the zygote: our end of its stdout pipe."""
+
+    def __init__(self, backend: LocalBackend, run: _Run) -> None:
+        self.backend = backend
+        self.run = run
+
+    def data_received(self, data: bytes) -> None:
+        self.run.output.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.backend._on_output_end(self.run)
+
+
+class LocalBackend:
+    def __init__(
+        self, tee: TextIO | None = None, host: str = "127.0.0.1", preload: Sequence[str] = ()
+    ) -> None:
+        self._emit: Callable[[BackendEvent], None] = lambda _ev: None
+        self._runs: dict[str, _Run] = {}
+        self._tee = tee
+        self._host = host
+        self._guardian: Guardian | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_output_s = 0.0
+        self._preload = tuple(preload)
+        self._zygote: Zygote | None = None
+        self._forked: dict[int, _Run] = {}
+        self._early_exits: dict[int, int] = {}
+        self.preload_note: str | None = None  # why warm start is off, or how long it took
+
+    def last_output_s(self) -> float:
+        """When any replica last printed anything (0 if none has yet)."""
+        return self._last_output_s
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self._emit = emit
+
+    async def rendezvous(self) -> tuple[str, int]:
+        return self._host, free_port(self._host)
+
+    # -------------------------------------------------------------- start
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        if self._guardian is None:
+            self._guardian = Guardian()
+        if self._preload and self._zygote is None and self.preload_note is None:
+            await self._start_zygote()
+        loop = asyncio.get_running_loop()
+        for launch in launches:
+            if self._zygote is not None and self._zygote.alive and forkable(launch.argv):
+                await self._spawn_forked(loop, launch)
+            else:
+                await self._spawn(loop, launch)
+
+    async def _start_zygote(self) -> None:
+        try:
+            self._zygote = await Zygote.start(self._preload)
+        except ZygoteError as exc:
+            self.preload_note = f"warm start off: {exc}"
+            return
+        self._zygote.on_exit = self._forked_exit
+        self.preload_note = (
+            f"warm start: {', '.join(self._preload)} imported once in "
+            f"{self._zygote.import_s:.2f} s; replicas fork from it"
+        )
+
+    async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
+        assert self._zygote is not None
+        run = _Run(launch, self._tee, self._on_output)
+        run.forked = True
+        r, w = os.pipe()
+        try:
+            run.pid = await self._zygote.spawn(launch.argv, launch.env, launch.cwd, w)
+        except ZygoteError:
+            os.close(r)
+            run.output.close()
+            await self._spawn(loop, launch)  # the ordinary way
+            return
+        finally:
+            os.close(w)
+        assert self._guardian is not None
+        self._guardian.watch(run.pid)
+        self._forked[run.pid] = run
+        if run.pid in self._early_exits:  # it exited before we knew its pid
+            self._forked_exit(run.pid, self._early_exits.pop(run.pid))
+        transport, _ = await loop.connect_read_pipe(
+            lambda: _PipeProtocol(self, run),
+            os.fdopen(r, "rb", buffering=0),
+        )
+        run.transport = transport
+        self._started(run)
+
+    def _forked_exit(self, pid: int, code: int) -> None:
+        run = self._forked.pop(pid, None)
+        if run is None:
+            self._early_exits[pid] = code  # its pid message is still on its way to spawn()
+            return
+        run.returncode = code
+        run.exited.set()
+
+    async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
+        """Start one replica as a child process in a new session (its own group).
+
+        No `preexec_fn`: with one, CPython's `_posixsubprocess` must fork() the whole
+        master (page tables, and every thread's locks in an undefined state) and run
+        Python in the child; without one, and with only `start_new_session` (setsid in
+        the child), it uses vfork() + exec, which costs the same however large the
+        master is. What the preexec did (PR_SET_PDEATHSIG, so that a master killed by
+        SIGKILL takes the replica along) is the guardian's job instead, and it keeps
+        the window between the fork and `+PID` closed: the spawn is announced before
+        the fork and answered after it, and the child carries the guardian's token in
+        its environment, so a master that dies in between leaves an unanswered spawn,
+        and the guardian finds the replica by its token (see `_guardian`).
+        """
+        guardian = self._guardian
+        assert guardian is not None
+        run = _Run(launch, self._tee, self._on_output)
+        guardian.spawning()
+        pid: int | None = None
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: _Protocol(self, run),
+                *launch.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**launch.env, TOKEN_ENV: guardian.token},
+                cwd=launch.cwd,
+                start_new_session=True,
+            )
+            pid = transport.get_pid()
+        except OSError as exc:
+            run.output.close()
+            self._emit(self._spawn_failed(launch, exc))
+            return
+        finally:
+            guardian.spawned(pid)  # from here on the guardian has its group
+        run.transport = transport
+        run.pid = transport.get_pid()
+        self._started(run)
+
+    def _started(self, run: _Run) -> None:
+        launch = run.launch
+        self._runs[launch.replica] = run
+        self._emit(
+            ReplicaStarted(launch.attempt, launch.replica, launch.restart, run.pid, time.time())
+        )
+        task = asyncio.create_task(self._watch(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _spawn_failed(self, launch: Launch, exc: OSError) -> ReplicaExited:
+        program = launch.argv[0]
+        if isinstance(exc, FileNotFoundError):
+            why = f"command not found: {program!r}"
+            if not os.path.isdir(launch.cwd):
+                why = f"working directory not found: {launch.cwd!r}"
+        elif isinstance(exc, PermissionError):
+            why = f"permission denied: {program!r} is not executable"
+        else:
+            why = f"cannot start {program!r}: {exc.strerror or exc}"
+        ev = ExitEvidence(launch.replica, None, spawn_error=why)
+        return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())
+
+    # -------------------------------------------------------------- output
+
+    def _on_output(self, run: _Run, first: bool) -> None:
+        self._last_output_s = time.time()
+        if first:
+            launch = run.launch
+            self._emit(
+                ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time())
+            )
+
+    def _on_output_end(self, run: _Run) -> None:
+        run.output.end()
+        run.eof.set()
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        run = self._runs.get(replica)
+        return run.output.tail.lines() if run else ()
+
+    # -------------------------------------------------------------- exit
+
+    async def _watch(self, run: _Run) -> None:
+        await run.exited.wait()
+        seen_s = time.time()
+        assert run.transport is not None
+        returncode = run.returncode
+        # The replica is its process group: whatever it left behind goes with it.
+        self._killpg(run, signal.SIGKILL)
+        if self._guardian is not None:
+            self._guardian.forget(run.pid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.eof.wait(), _DRAIN_S)
+        run.transport.close()
+        run.output.close()
+        launch = run.launch
+        if self._runs.get(launch.replica) is run:
+            del self._runs[launch.replica]
+        ev = ExitEvidence(
+            replica=launch.replica,
+            returncode=returncode,
+            stop_requested=run.stop_requested,
+            log_tail=run.output.tail.lines(),
+            oom_kills=max(0, oom_kill_count() - run.oom_before),
+        )
+        run.done.set()
+        self._emit(
+            ReplicaExited(launch.attempt, launch.replica, launch.restart, run.pid, ev, seen_s)
+        )
+
+    @staticmethod
+    def _killpg(run: _Run, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pid, sig)
+
+    # -------------------------------------------------------------- stop
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        run = self._runs.get(replica)
+        if run is None or run.done.is_set() or not run.pid:
+            return False
+        try:
+            os.kill(run.pid, signum)  # the replica itself, as a fault would hit it
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        runs = [self._runs[r] for r in replicas if r in self._runs]
+        if not runs:
+            return
+        # One that has printed a traceback is most likely exiting of its own error (Python
+        # with torch can take a while to shut down, and its peers fail first on the closed
+        # connection): let it end on its own, so its own exit is its cause, not our stop.
+        dying = [r for r in runs if not r.exited.is_set() and _printed_traceback(r)]
+        if dying:
+            await asyncio.wait(
+                [asyncio.ensure_future(r.exited.wait()) for r in dying], timeout=_DYING_S
+            )
+        for run in runs:
+            # One that already died on its own (a zombie not yet reaped) keeps its own
+            # exit: it may be the root cause, and is not the master's doing.
+            gone = run.exited.is_set() if run.forked else _already_exited(run.pid)
+            run.stop_requested = not gone
+            self._killpg(run, signal.SIGTERM)
+            self._killpg(run, signal.SIGCONT)  # a stopped (SIGSTOP) group must see the TERM
+        waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
+        _, pending = await asyncio.wait(waits, timeout=grace_s)
+        if pending:
+            for run in runs:
+                if not run.done.is_set():
+                    self._killpg(run, signal.SIGKILL)
+            await asyncio.wait(pending)
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        return await snapshot_all(
+            targets, timeout_s=timeout_s, faulthandler_files=faulthandler_files
+        )
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        return None  # one machine: GPU isolation is the GpuPool's
+
+    async def close(self) -> None:
+        await self.stop(list(self._runs), grace_s=5.0)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
+        if self._guardian is not None:
+            self._guardian.close()
+            self._guardian = None

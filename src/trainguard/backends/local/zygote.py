@@ -1,0 +1,320 @@
+"""Warm start (`--preload torch`): fork replicas from an interpreter that already imported
+the heavy modules, so a restart skips the import.
+
+The zygote is a child of the master that imports the listed modules once, checks that no
+thread is alive (forking a threaded process is unsafe), and then waits for requests on a
+Unix socket. For each `python SCRIPT ARGS...` replica it forks: the child starts its own
+session, dies with the zygote (PR_SET_PDEATHSIG), takes the master's pipe as its stdout
+and stderr, gets a clean environment and working directory, and runs SCRIPT as
+`__main__`. The zygote reports each child's pid and, when it reaps it, its exit status.
+
+Messages are JSON lines; the pipe's write end travels with a request as SCM_RIGHTS.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    # DDP's constructor imports torch._dynamo (sympy, mpmath: ~1 s) on first use: warm it too.
+    "torch": ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo"),
+}
+"""What a preload name imports; any other name is imported as it is."""
+
+
+def expand(modules: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for name in modules:
+        for mod in PRESETS.get(name, (name,)):
+            if mod not in out:
+                out.append(mod)
+    return out
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """A replica the zygote can run: this interpreter (or plain python) on a .py script."""
+    if len(argv) < 2 or not argv[1].endswith(".py"):
+        return False
+    prog = argv[0]
+    if prog in ("python", "python3"):
+        return True
+    with contextlib.suppress(OSError):
+        return os.path.realpath(prog) == os.path.realpath(sys.executable)
+    return False
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+# ---------------------------------------------------------------- the zygote process
+
+
+def _prctl_die_with_parent() -> None:
+    with contextlib.suppress(OSError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    sock.sendall((json.dumps(msg) + "\n").encode())
+
+
+def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], fd: int) -> None:
+    """In the forked child: become the replica. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        _prctl_die_with_parent()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        sock.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(devnull)
+        os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        argv = req["argv"]
+        script = str(Path(req["cwd"], argv[1]))
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = str(Path(script).parent)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        import runpy
+
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main(modules: Sequence[str], fd: int) -> None:
+    """The zygote's loop: import, report, then fork on request and report exits."""
+    _prctl_die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the master's to handle
+    sock = socket.socket(fileno=fd)
+    t0 = time.monotonic()
+    for name in modules:
+        importlib.import_module(name)
+    threads = _threads()
+    _send(
+        sock,
+        {"ready": threads == 1, "threads": threads, "import_s": time.monotonic() - t0},
+    )
+    if threads != 1:
+        return  # forking now would copy a process whose other threads hold locks
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    buf = b""
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+                _reap(sock)
+                continue
+            msg, fds, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * 8))
+            if not msg:
+                return  # the master is gone
+            received = _fds(fds)
+            buf += msg
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                out_fd = received.pop(0)
+                pid = os.fork()
+                if pid == 0:
+                    _child(sock, wake_r, wake_w, req, out_fd)
+                os.close(out_fd)
+                _send(sock, {"id": req["id"], "pid": pid})
+        _reap(sock)
+
+
+def _fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(data[: len(data) - (len(data) % arr.itemsize)])
+            fds.extend(arr)
+    return fds
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+# ---------------------------------------------------------------- the master's side
+
+
+class ZygoteError(Exception):
+    """The zygote could not start or is gone; replicas start the ordinary way."""
+
+
+class Zygote:
+    def __init__(self, proc: asyncio.subprocess.Process, sock: socket.socket) -> None:
+        self._proc = proc
+        self._sock = sock
+        self._buf = b""
+        self._next = 0
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self.on_exit: Callable[[int, int], None] = lambda _pid, _code: None
+        self.import_s = 0.0
+        self.alive = True
+
+    @classmethod
+    async def start(cls, modules: Sequence[str], timeout_s: float = 120.0) -> Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = "import sys; from trainguard.backends.local.zygote import main; " + (
+            f"main({expand(modules)!r}, {theirs.fileno()})"
+        )
+        # numpy's OpenBLAS starts its worker threads at import; one thread keeps the zygote
+        # single-threaded (forkable). Replicas then run numpy's BLAS on one thread; torch's
+        # own thread pools start after the fork, in each replica, as usual.
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            pass_fds=(theirs.fileno(),),
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        theirs.close()
+        loop = asyncio.get_running_loop()
+        ours.setblocking(False)
+        try:
+            line = await asyncio.wait_for(_readline(loop, ours), timeout_s)
+        except (TimeoutError, OSError, ValueError) as exc:
+            proc.kill()
+            raise ZygoteError(f"the preload process did not start: {exc!r}") from None
+        hello = json.loads(line)
+        if not hello.get("ready"):
+            proc.kill()
+            raise ZygoteError(
+                f"importing {', '.join(modules)} left {hello.get('threads')} threads alive: "
+                "forking from it would not be safe"
+            )
+        z = cls(proc, ours)
+        z.import_s = float(hello["import_s"])
+        loop.add_reader(ours.fileno(), z._readable)
+        return z
+
+    def _readable(self) -> None:
+        try:
+            data = self._sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._gone()
+            return
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "exit" in msg:
+                self.on_exit(int(msg["exit"]), int(msg["code"]))
+            elif "id" in msg:
+                fut = self._pending.pop(int(msg["id"]), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(int(msg["pid"]))
+
+    def _gone(self) -> None:
+        self.alive = False
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ZygoteError("the preload process is gone"))
+        self._pending.clear()
+
+    async def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, out_fd: int) -> int:
+        """Fork a replica writing to `out_fd`; returns its pid."""
+        if not self.alive:
+            raise ZygoteError("the preload process is gone")
+        self._next += 1
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[self._next] = fut
+        msg = json.dumps({"id": self._next, "argv": list(argv), "env": env, "cwd": cwd}) + "\n"
+        fds = array.array("i", [out_fd])
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendmsg(
+                [msg.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())]
+            )
+        except OSError as exc:
+            self._pending.pop(self._next, None)
+            raise ZygoteError(f"the preload process is gone: {exc}") from None
+        finally:
+            self._sock.setblocking(False)
+        return await fut
+
+    async def close(self) -> None:
+        self._gone()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        await self._proc.wait()
+
+
+async def _readline(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = await loop.sock_recv(sock, 4096)
+        if not chunk:
+            raise ValueError("closed before it said it was ready")
+        buf += chunk
+    line, _ = buf.split(b"\n", 1)
+    return line

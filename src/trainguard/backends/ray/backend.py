@@ -1,0 +1,381 @@
+"""The Ray backend (R-RUN-3): each replica on a node of an existing Ray cluster.
+
+Per attempt, one placement group holds a bundle per replica (SPREAD or PACK), and one
+`ReplicaHost` actor per bundle runs the replica's command on its node. The master stays
+where `trainguard` runs: it pulls each replica's output (long polls) into the same
+per-replica log files as locally, and learns exits and signals exactly as locally. An
+actor that dies under a running replica means its node was lost: that exit is classified
+`node_lost`, and the node is kept out of later attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainguard.backends.api import (
+    BackendEvent,
+    Launch,
+    NoCapacity,
+    ReplicaExited,
+    ReplicaFirstOutput,
+    ReplicaStarted,
+)
+from trainguard.backends.output import RunOutput
+from trainguard.backends.ray.host import ReplicaHost
+from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
+from trainguard.spec.models import RayOptions, Resources
+from trainguard.spec.sizes import parse_memory
+
+_POLL_S = 0.5  # a read waits this long for output on the node before it answers empty
+_CALL_S = 10.0  # a control call (signal, where) that takes longer: the node is gone
+
+
+def bundle_of(res: Resources) -> dict[str, float]:
+    """Ray's resource names for one replica (a replica that names no cpus takes one)."""
+    out: dict[str, float] = {"CPU": res.cpus if res.cpus is not None else 1.0}
+    if res.gpus:
+        out["GPU"] = float(res.gpus)
+    if res.memory:
+        out["memory"] = float(parse_memory(res.memory))
+    out.update(res.custom)
+    return out
+
+
+class _Run:
+    """One run of one replica on its node: the actor that hosts it, and its output."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        actor: Any,
+        node: dict[str, str],
+        tee: TextIO | None,
+        on_output: Callable[[_Run, bool], None],
+    ) -> None:
+        self.launch = launch
+        self.actor = actor
+        self.node = node
+        self.output = RunOutput(
+            launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
+        )
+        self.pid = 0
+        self.stop_requested = False
+        self.done = asyncio.Event()
+
+
+class RayBackend:
+    preload_note: str | None = None  # no warm start on Ray (yet)
+
+    def __init__(
+        self,
+        needs: Mapping[str, Resources],
+        options: RayOptions,
+        tee: TextIO | None = None,
+    ) -> None:
+        """`needs`: each replica's resources, in rank order (bundle i is rank i)."""
+        self._needs = dict(needs)
+        self._opts = options
+        self._tee = tee
+        self._emit: Callable[[BackendEvent], None] = lambda _ev: None
+        self._pg: Any = None
+        self._actors: dict[str, Any] = {}
+        self._nodes: dict[str, dict[str, str]] = {}  # replica -> where its actor runs
+        self._runs: dict[str, _Run] = {}
+        self._excluded: dict[str, str] = {}  # node id -> why it is kept out
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_output_s = 0.0
+        self._ray: Any = None
+
+    # -------------------------------------------------------------- connect & place
+
+    def _connect(self) -> Any:
+        if self._ray is None:
+            import ray
+
+            if not ray.is_initialized():
+                kwargs: dict[str, Any] = {
+                    "address": self._opts.address,
+                    "namespace": "trainguard",
+                    "log_to_driver": False,
+                    "logging_level": "ERROR",
+                }
+                if self._opts.driver_ip:
+                    kwargs["_node_ip_address"] = self._opts.driver_ip
+                ray.init(**kwargs)
+            self._ray = ray
+        return self._ray
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self._emit = emit
+
+    async def rendezvous(self) -> tuple[str, int]:
+        """A new placement group and actors for the attempt; rank 0's node and a port."""
+        ray = await asyncio.to_thread(self._connect)
+        await self._release()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [bundle_of(r) for r in self._needs.values()]
+        kwargs: dict[str, Any] = {"strategy": self._opts.placement_strategy.upper()}
+        if self._excluded:
+            selector = {"ray.io/node-id": f"!in({','.join(self._excluded)})"}
+            kwargs["bundle_label_selector"] = [selector] * len(bundles)
+        limit = self._opts.placement_timeout_s
+        try:
+            self._pg = await _bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
+            await asyncio.wait_for(self._pg.ready(), limit)
+        except TimeoutError:
+            try:
+                free = await _bounded(asyncio.to_thread(ray.available_resources), _CALL_S)
+            except TimeoutError:
+                free = {}
+            raise NoCapacity(
+                f"the Ray cluster could not place {len(bundles)} replica(s) "
+                f"({bundles[0]} each) within {self._opts.placement_timeout_s:g} s; "
+                f"free now: {_short(free)}"
+                + (f"; excluded nodes: {len(self._excluded)}" if self._excluded else "")
+            ) from None
+        host = ray.remote(ReplicaHost)
+        for i, (name, bundle) in enumerate(zip(self._needs, bundles, strict=True)):
+            self._actors[name] = host.options(
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                memory=bundle.get("memory"),
+                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=i
+                ),
+                max_concurrency=4,  # a read may wait while a stop signals
+            ).remote()
+        try:  # placed is not yet running: an actor that cannot start must not hang the master
+            wheres = await asyncio.wait_for(
+                asyncio.gather(*(a.where.remote() for a in self._actors.values())),
+                self._opts.placement_timeout_s,
+            )
+        except TimeoutError:
+            raise NoCapacity(
+                f"the Ray cluster placed the replicas but their actors did not start within "
+                f"{self._opts.placement_timeout_s:g} s"
+            ) from None
+        self._nodes = dict(zip(self._actors, wheres, strict=True))
+        first = next(iter(self._actors.values()))
+        try:
+            port = await _bounded(first.free_port.remote(), _CALL_S)
+        except TimeoutError:
+            raise NoCapacity("rank 0's actor did not answer within 10 s") from None
+        return wheres[0]["ip"], int(port)
+
+    async def _release(self) -> None:
+        """Kill the last attempt's actors (their replicas die with them) and free its group.
+
+        Each call is bounded: a call into a cluster that just lost a node must not hang
+        the master (it would wait for capacity forever instead of trying again)."""
+        ray = self._ray
+        actors, self._actors = list(self._actors.values()), {}
+        pg, self._pg = self._pg, None
+
+        def release() -> None:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+
+        with contextlib.suppress(TimeoutError):
+            await _bounded(asyncio.to_thread(release), _CALL_S)
+
+    # -------------------------------------------------------------- start
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        for launch in launches:
+            await self._start_one(launch)
+
+    async def _start_one(self, launch: Launch) -> None:
+        actor = self._actors[launch.replica]
+        node = self._nodes[launch.replica]
+        run = _Run(launch, actor, node, self._tee, self._on_output)
+        try:
+            info = await _bounded(
+                actor.start.remote(list(launch.argv), launch.env, launch.cwd), _CALL_S
+            )
+        except Exception as exc:
+            info = {"lost": _why(exc)}
+        if "pid" not in info:
+            run.output.close()
+            ev = ExitEvidence(
+                launch.replica,
+                None,
+                spawn_error=info.get("error"),
+                node_lost=info.get("lost"),
+            )
+            self._emit(
+                ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, _now())
+            )
+            return
+        run.pid = int(info["pid"])
+        self._runs[launch.replica] = run
+        self._emit(
+            ReplicaStarted(
+                launch.attempt, launch.replica, launch.restart, run.pid, _now(), node=_label(node)
+            )
+        )
+        task = asyncio.create_task(self._pump(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_output(self, run: _Run, first: bool) -> None:
+        self._last_output_s = _now()
+        if first:
+            la = run.launch
+            self._emit(ReplicaFirstOutput(la.attempt, la.replica, la.restart, _now()))
+
+    async def _pump(self, run: _Run) -> None:
+        """Pull output until the replica exits, or its actor (its node) is gone."""
+        lost: str | None = None
+        code: int | None = None
+        while not run.done.is_set():
+            try:
+                data, code = await run.actor.read.remote(_POLL_S)
+            except Exception as exc:
+                lost = _why(exc)
+                break
+            run.output.feed(data)
+            if code is not None:
+                break
+        self._finish(run, code, lost)
+
+    def _finish(self, run: _Run, code: int | None, lost: str | None) -> None:
+        """Report the run's end, once (the pump, or a stop that gave up on its node)."""
+        if run.done.is_set():
+            return
+        seen = _now()
+        run.output.close()
+        la = run.launch
+        if self._runs.get(la.replica) is run:
+            del self._runs[la.replica]
+        ev = ExitEvidence(
+            replica=la.replica,
+            returncode=code,
+            stop_requested=run.stop_requested,
+            log_tail=run.output.tail.lines(),
+            node_lost=None if lost is None else f"{lost} (node {_label(run.node)})",
+        )
+        run.done.set()
+        self._emit(ReplicaExited(la.attempt, la.replica, la.restart, run.pid, ev, seen))
+
+    def last_output_s(self) -> float:
+        return self._last_output_s
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        run = self._runs.get(replica)
+        return run.output.tail.lines() if run else ()
+
+    # -------------------------------------------------------------- stop
+
+    async def _signal(self, run: _Run, signum: int) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run.actor.signal.remote(int(signum)), _CALL_S)
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        run = self._runs.get(replica)
+        if run is None or run.done.is_set():
+            return False
+        await self._signal(run, signum)  # on the replica's own node, through its actor
+        return True
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        runs = [self._runs[r] for r in replicas if r in self._runs]
+        if not runs:
+            return
+        for run in runs:
+            run.stop_requested = True
+        await asyncio.gather(*(self._signal(r, signal.SIGTERM) for r in runs))
+        await asyncio.gather(*(self._signal(r, signal.SIGCONT) for r in runs))
+        waits = [asyncio.ensure_future(r.done.wait()) for r in runs]
+        _, pending = await asyncio.wait(waits, timeout=grace_s)
+        if pending:
+            late = [r for r in runs if not r.done.is_set()]
+            await asyncio.gather(*(self._signal(r, signal.SIGKILL) for r in late))
+            _, pending = await asyncio.wait(pending, timeout=_CALL_S)
+            for run in runs:  # no answer even to SIGKILL: its node is as good as gone
+                self._finish(run, None, "its node did not answer a stop")
+
+    async def close(self) -> None:
+        await self.stop(list(self._runs), grace_s=5.0)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        if self._ray is not None:
+            await self._release()
+            await asyncio.to_thread(self._ray.shutdown)
+            self._ray = None
+
+    # -------------------------------------------------------------- diagnosis
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        if c.failure_class is not FailureClass.NODE_LOST:
+            return None
+        node = self._nodes.get(replica)
+        if node is None or node["node_id"] in self._excluded:
+            return None
+        why = f"node {_label(node)} was lost under {replica}"
+        self._excluded[node["node_id"]] = why
+        return f"{why}: excluded from later attempts"
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        """py-spy runs on each replica's own node, through its actor, all in parallel."""
+
+        async def one(name: str, rank: int, pid: int) -> ReplicaSnapshot:
+            actor = self._actors.get(name)
+            files = {k: str(v) for k, v in faulthandler_files.items() if k == name}
+            try:
+                if actor is None:
+                    raise RuntimeError("no actor for this replica")
+                out = await asyncio.wait_for(
+                    actor.snapshot.remote([(name, rank, pid)], timeout_s, files), timeout_s + 5
+                )
+                return ReplicaSnapshot.from_dict(out[0])
+            except Exception as exc:
+                why = f"snapshot through Ray failed: {_why(exc)}"
+                return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
+
+        return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
+
+
+async def _bounded(aw: Any, timeout_s: float) -> Any:
+    """Await a Ray call, or raise TimeoutError after `timeout_s`."""
+    return await asyncio.wait_for(aw, timeout_s)
+
+
+def _label(node: Mapping[str, str]) -> str:
+    """How a node is named in records: its address and the start of its Ray id."""
+    return f"{node['ip']}/{node['node_id'][:12]}"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((t for t in text if t.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _short(free: Mapping[str, float]) -> str:
+    keep = {k: v for k, v in free.items() if not k.startswith(("node:", "bundle_group"))}
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(keep.items())) or "nothing"

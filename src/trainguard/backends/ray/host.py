@@ -1,0 +1,163 @@
+"""What runs on a Ray node for one replica: start its command, hand over its output, stop it.
+
+`ReplicaHost` is a plain class; the Ray backend turns it into an actor placed in the
+attempt's placement group. It imports nothing from Ray at module level, so it loads fast
+on a node and can be tested as an ordinary object. When the actor dies (ray.kill, its
+driver or its node gone), PR_SET_PDEATHSIG takes the replica and the same guardian as
+locally takes the rest of its process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainguard.backends.guardian import Guardian
+
+_PR_SET_PDEATHSIG = 1
+_CHUNK = 64 * 1024
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: die if the actor's process dies (ray.kill, node loss)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _ray_gpu_ids() -> list[Any]:
+    """The GPUs Ray assigned to this actor (none outside a Ray worker)."""
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+    except Exception:
+        return []
+
+
+class ReplicaHost:
+    def __init__(self) -> None:
+        self._guardian: Guardian | None = None  # kills the replica's group if this actor dies
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = bytearray()
+        self._eof = False
+        self._cond = threading.Condition()
+
+    def where(self) -> dict[str, str]:
+        """This node: its Ray id, IP address and host name."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            "host": socket.gethostname(),
+        }
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
+        """Start the replica in its own process group; {"pid": N} or {"error": why}."""
+        env = dict(env)
+        gpus = _ray_gpu_ids()
+        if gpus:  # what Ray gave this actor, not what the master's machine has
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        with self._cond:
+            self._buf.clear()
+            self._eof = False
+        try:
+            self._proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except FileNotFoundError:
+            where = "working directory" if not os.path.isdir(cwd) else "command"
+            what = cwd if where == "working directory" else argv[0]
+            return {"error": f"{where} not found on this node: {what!r}"}
+        except OSError as exc:
+            return {"error": f"cannot start {argv[0]!r}: {exc.strerror or exc}"}
+        if self._guardian is None:
+            self._guardian = Guardian()
+        self._guardian.watch(self._proc.pid)  # PDEATHSIG reaches only the direct child
+        threading.Thread(target=self._pump, args=(self._proc,), daemon=True).start()
+        return {"pid": self._proc.pid}
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while True:
+            try:
+                data = os.read(fd, _CHUNK)
+            except OSError:
+                data = b""
+            with self._cond:
+                if data:
+                    self._buf += data
+                else:
+                    self._eof = True
+                self._cond.notify_all()
+            if not data:
+                proc.stdout.close()
+                return
+
+    def read(self, timeout_s: float) -> tuple[bytes, int | None]:
+        """What it printed since the last read (waiting up to `timeout_s` for something),
+        and its exit status once it has exited and everything was read."""
+        proc = self._proc
+        if proc is None:
+            return b"", None
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._buf) or self._eof, timeout_s)
+            data, self._buf = bytes(self._buf), bytearray()
+            eof = self._eof
+        if data or not eof:
+            return data, None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return b"", None  # it closed its output but still runs
+        self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
+        if self._guardian is not None:
+            self._guardian.forget(proc.pid)
+        return b"", code
+
+    def signal(self, signum: int) -> bool:
+        proc = self._proc
+        if proc is None:
+            return False
+        try:
+            os.killpg(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def snapshot(
+        self, targets: Sequence[tuple[str, int, int]], timeout_s: float, files: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """py-spy on this node (the same code as locally), as plain dicts."""
+        from trainguard.hangs.snapshot import snapshot_all
+
+        snaps = asyncio.run(
+            snapshot_all(
+                targets,
+                timeout_s=timeout_s,
+                faulthandler_files={k: Path(v) for k, v in files.items()},
+            )
+        )
+        return [s.to_dict() for s in snaps]

@@ -1,0 +1,283 @@
+"""`trainguard`: run a job here, or look at the jobs in the store.
+
+Every user mistake ends in one clear line (or one per problem) and exit status 2;
+never in a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainguard.cli.parser import EXIT_CANCELLED, EXIT_FAILED, EXIT_USAGE, build_parser
+from trainguard.cli.readers import (
+    cmd_classify,
+    cmd_explain,
+    cmd_goodput,
+    cmd_jobs,
+    cmd_logs,
+    cmd_records,
+    cmd_stacks,
+    cmd_status,
+    dump_json,
+)
+from trainguard.cli.spec_flags import build_spec, split_command
+from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
+from trainguard.records.engine import default_home
+from trainguard.records.liveness import reap_interrupted
+from trainguard.records.queries import Reader, StoreReader
+from trainguard.records.store import Store
+from trainguard.states import JobState
+
+if TYPE_CHECKING:
+    from trainguard.cli.client import Client
+    from trainguard.master.events import Outcome
+
+
+def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
+    from trainguard.master.runner import resume_job, run_job
+    from trainguard.records.control import RESUMABLE
+
+    spec = build_spec(args, command)
+    tee = None if args.quiet else sys.stdout
+    if args.resume:
+        reap_interrupted(store)
+        try:
+            job = store.resolve_job(spec.name)
+        except JobNotFound:
+            job = None
+        if job is not None and JobState(job["state"]) in RESUMABLE:
+            return _report(*resume_job(job, store, tee=tee))
+        if job is not None and not JobState(job["state"]).is_terminal:
+            raise ResumeError(f"job {job['id']} ({spec.name}) is {job['state']}: it still runs")
+    return _report(*run_job(spec, store, tee=tee))
+
+
+def cmd_resume(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.master.runner import resume_job
+
+    job = store.resolve_job(args.job)
+    return _report(*resume_job(job, store, tee=None if args.quiet else sys.stdout))
+
+
+def _report(job_id: str, outcome: Outcome) -> int:
+    """The end of `run` or `resume`: the outcome in words, and the exit status."""
+    state = outcome.state
+    err = sys.stderr
+    if state is JobState.SUCCEEDED:
+        print(
+            f"trainguard: job {job_id} SUCCEEDED after {outcome.attempts} attempt(s), "
+            f"{outcome.restarts} restart(s). Records: trainguard records {job_id}",
+            file=err,
+        )
+        return 0
+    print(f"trainguard: job {job_id} {state.value}", file=err)
+    if outcome.error_message:
+        print(f"trainguard: {outcome.error_message}", file=err)
+    if outcome.failure is not None and outcome.failure.log_tail:
+        f = outcome.failure
+        print(f"trainguard: last lines of {f.replica}'s log (attempt {f.attempt}):", file=err)
+        for line in f.log_tail[-20:]:
+            print(f"    {line}", file=err)
+    return EXIT_CANCELLED if state is JobState.CANCELLED else EXIT_FAILED
+
+
+# ------------------------------------------------------------------ readers
+
+
+def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.records.control import cancel_deadline_s, request_cancel
+
+    job = store.resolve_job(args.job)
+    message = request_cancel(store, job)
+    if not message.endswith("cancel requested"):
+        print(message)
+        return 0
+    deadline = time.time() + cancel_deadline_s(job)
+    state = JobState(job["state"])
+    while time.time() < deadline:
+        state = JobState(store.job(job["id"])["state"])
+        if state.is_terminal:
+            break
+        time.sleep(0.1)  # another process's state: the store is all we can watch
+    print(f"job {job['id']} {state.value}")
+    return 0 if state.is_terminal else EXIT_FAILED
+
+
+def cmd_remote_cancel(args: argparse.Namespace, client: Client) -> int:
+    answer = client.cancel(args.job)
+    deadline = time.time() + 60
+    state = JobState(answer["state"])
+    while not state.is_terminal and time.time() < deadline:
+        time.sleep(0.2)
+        state = JobState(client.status(answer["id"])["state"])
+    if args.json:
+        dump_json({"id": answer["id"], "state": state.value, "message": answer["message"]})
+    else:
+        print(f"job {answer['id']} {state.value}")
+    return 0 if state.is_terminal else EXIT_FAILED
+
+
+def cmd_submit(args: argparse.Namespace, client: Client, command: list[str]) -> int:
+    spec = build_spec(args, command)
+    data = spec.model_dump(mode="json")
+    answer = client.submit(data, os.getcwd())
+    if args.json:
+        dump_json(answer)
+    else:
+        print(answer["id"])
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from trainguard.service.config import load_server_config
+    from trainguard.service.server import serve
+
+    keys = ("host", "port", "cpus", "gpus", "memory", "require_token")
+    overrides = {k: getattr(args, k) for k in keys}
+    overrides["token"] = _token(args)
+    overrides["db"] = args.db
+    config = load_server_config(args.config, overrides)
+    return serve(config, Path(args.home).resolve() if args.home else None)
+
+
+def cmd_master(args: argparse.Namespace, store: Store) -> int:
+    from trainguard.master.runner import run_admitted
+
+    outcome = run_admitted(args.job, store)
+    return 0 if outcome.state is JobState.SUCCEEDED else EXIT_FAILED
+
+
+def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
+    """`--server`, else $TRAINGUARD_SERVER; for submit, else the server of this home."""
+    from trainguard.cli.client import Client
+
+    url = getattr(args, "server", None)
+    if url is None and args.cmd == "submit":
+        info = (home or default_home()) / "server.json"
+        if info.is_file():
+            url = json.loads(info.read_text())["url"]
+        else:
+            raise SpecError(
+                [
+                    "submit: no server: give --server URL or set TRAINGUARD_SERVER "
+                    "(start one with `trainguard server`)"
+                ]
+            )
+    if not url:
+        return None
+    return Client(url, _token(args) or _home_token_for(url, home or default_home()))
+
+
+def _home_token_for(url: str, home: Path) -> str | None:
+    """The token the server of this home made, for that server only: the URL it wrote in
+    server.json, or any loopback address (a token file this user can read is theirs)."""
+    from urllib.parse import urlsplit
+
+    from trainguard.service.config import home_token, is_loopback
+
+    if os.environ.get("TRAINGUARD_TOKEN"):
+        return None  # the environment's token wins, as before
+    info = home / "server.json"
+    try:
+        written = json.loads(info.read_text()) if info.is_file() else {}
+        same = isinstance(written, dict) and written.get("url") == url
+    except (OSError, ValueError):
+        same = False
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return None
+    return home_token(home) if same or is_loopback(host) else None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token-file's content, else --token; None leaves it to $TRAINGUARD_TOKEN."""
+    path: Path | None = getattr(args, "token_file", None)
+    if path is None:
+        return getattr(args, "token", None)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or "not text"
+        raise SpecError([f"--token-file {path}: cannot read it ({why})"]) from None
+    if not token:
+        raise SpecError([f"--token-file {path}: the file is empty"])
+    return token
+
+
+_READERS: dict[str, Callable[[argparse.Namespace, Reader], int]] = {
+    "jobs": cmd_jobs,
+    "status": cmd_status,
+    "records": cmd_records,
+    "explain": cmd_explain,
+    "stacks": cmd_stacks,
+    "goodput": cmd_goodput,
+    "logs": cmd_logs,
+}
+
+
+def _remote(args: argparse.Namespace, client: Client, command: list[str]) -> int:
+    """A command against a server (`--server`, $TRAINGUARD_SERVER, or submit's own)."""
+    if args.cmd == "submit":
+        return cmd_submit(args, client, command)
+    if args.cmd == "cancel":
+        return cmd_remote_cancel(args, client)
+    if args.cmd == "resume":
+        answer = client.resume(args.job)
+        print(f"job {answer['id']} {answer['state']}: {answer['message']}")
+        return 0
+    return _READERS[args.cmd](args, client)
+
+
+def _local(args: argparse.Namespace, store: Store, command: list[str]) -> int:
+    """A command against this machine's store."""
+    if args.cmd == "run":
+        return cmd_run(args, store, command)
+    if args.cmd == "_master":
+        return cmd_master(args, store)
+    reap_interrupted(store)
+    if args.cmd == "cancel":
+        return cmd_cancel(args, store)
+    if args.cmd == "resume":
+        return cmd_resume(args, store)
+    return _READERS[args.cmd](args, StoreReader(store))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, command = split_command(argv)
+    try:
+        args = build_parser().parse_args(head)
+        home = Path(args.home).resolve() if args.home else None
+        if args.cmd == "classify":
+            return cmd_classify(args)
+        if args.cmd == "server":
+            return cmd_server(args)
+        if args.cmd in ("run", "submit"):
+            command = command or [c for c in args.command if c != "--"]
+        elif command:
+            raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
+        client = _client(args, home)
+        if client is not None:
+            return _remote(args, client, command)
+        return _local(args, Store(home, args.db), command)
+    except SpecError as exc:
+        for line in exc.problems:
+            print(f"trainguard: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainguardError as exc:
+        print(f"trainguard: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

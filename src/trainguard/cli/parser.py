@@ -1,0 +1,163 @@
+"""The command line's grammar: every subcommand, its flags and their bounds."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainguard import __version__
+from trainguard.cli.spec_flags import add_spec_flags
+
+if TYPE_CHECKING:
+    pass
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, no usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `lo` to `hi`, else one line naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {value}")
+        return value
+
+    return parse
+
+
+_MANY = 10**9  # more lines, jobs or attempts than any store holds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
+    p.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    p.add_argument("--home", help="state directory (default: $TRAINGUARD_HOME or ./.trainguard)")
+    p.add_argument(
+        "--db",
+        default=os.environ.get("TRAINGUARD_DB"),
+        help="store URL, e.g. postgresql+psycopg://user@host/db (default: $TRAINGUARD_DB, "
+        "else a SQLite file in the state directory)",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    remote = _Parser(add_help=False)
+    remote.add_argument(
+        "--server",
+        default=os.environ.get("TRAINGUARD_SERVER"),
+        help="a trainguard server's URL (default: $TRAINGUARD_SERVER; else this machine's store)",
+    )
+    remote.add_argument(
+        "--token-file",
+        type=Path,
+        help="a file holding the server's token (default: $TRAINGUARD_TOKEN)",
+    )
+    remote.add_argument(
+        "--token", help="the token itself: visible to others in `ps`; prefer --token-file"
+    )
+
+    run = sub.add_parser("run", help="run a job and supervise it until it ends")
+    add_spec_flags(run)
+    run.add_argument("--quiet", action="store_true", help="do not tee replica output")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the job of this name if it was interrupted or cancelled, else start it",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
+    add_spec_flags(sb)
+    sb.add_argument("--json", action="store_true")
+    sb.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    srv = sub.add_parser("server", help="run the service: queue, HTTP API, web page")
+    srv.add_argument("--config", type=Path, help="server settings (YAML)")
+    srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument(
+        "--port", type=_count(0, 65535), help="port (default 8470; 0 picks a free one)"
+    )
+    srv.add_argument(
+        "--token-file", type=Path, help="require the token in this file (or $TRAINGUARD_TOKEN)"
+    )
+    srv.add_argument("--token", help="require this token: visible in `ps`; prefer --token-file")
+    srv.add_argument(
+        "--no-token",
+        dest="require_token",
+        action="store_false",
+        default=None,
+        help="serve loopback without a token (default: one made in the home, 0600)",
+    )
+    srv.add_argument("--cpus", type=float, help="quota: cpus for all running jobs")
+    srv.add_argument("--gpus", help="quota: a GPU count, or the ids to hand out (0,1,2,3)")
+    srv.add_argument("--memory", help="quota: memory, e.g. 64Gi")
+
+    ms = sub.add_parser("_master")  # started by the server: the master of an admitted job
+    ms.add_argument("job")
+
+    res = sub.add_parser(
+        "resume", parents=[remote], help="continue an interrupted or cancelled job"
+    )
+    res.add_argument("job", help="job id or name")
+    res.add_argument("--quiet", action="store_true", help="do not tee replica output")
+
+    jobs = sub.add_parser("jobs", parents=[remote], help="list jobs")
+    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--limit", type=_count(1, _MANY), default=50)
+
+    for name, text in (
+        ("status", "a job's state, attempts and replicas"),
+        ("records", "a job's restart records"),
+        ("explain", "why each failure of a job was (or was not) retried"),
+        ("cancel", "cancel a running job"),
+    ):
+        sp = sub.add_parser(name, parents=[remote], help=text)
+        sp.add_argument("job", help="job id or name")
+        sp.add_argument("--json", action="store_true")
+        if name == "records":
+            sp.add_argument("--aggregate", action="store_true", help="group faults by error")
+
+    gp = sub.add_parser(
+        "goodput", parents=[remote], help="how much of the job's time trained, where the rest went"
+    )
+    gp.add_argument("job", help="job id or name")
+    gp.add_argument("--json", action="store_true")
+
+    st = sub.add_parser(
+        "stacks", parents=[remote], help="the stacks taken before a hang was stopped"
+    )
+    st.add_argument("job", help="job id or name")
+    st.add_argument(
+        "--attempt", type=_count(0, _MANY), help="the attempt (default: every snapshot)"
+    )
+    st.add_argument("--json", action="store_true")
+
+    cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
+    cl.add_argument("log", type=Path, help="a replica's log file")
+    cl.add_argument("--exit-code", help="the exit status (default 1); 139 means SIGSEGV")
+    cl.add_argument("--signal", help="or the signal that killed it, e.g. SIGKILL")
+    cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
+    cl.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", parents=[remote], help="a replica's log")
+    logs.add_argument("job", help="job id or name")
+    logs.add_argument("--replica", help="replica name, e.g. worker-1 (default: the primary)")
+    logs.add_argument("--attempt", type=_count(0, _MANY), help="attempt number (default: the last)")
+    logs.add_argument("--tail", type=_count(1, _MANY), help="only the last N lines")
+    return p
+
+
+# ------------------------------------------------------------------ run

@@ -1,0 +1,169 @@
+"""The commands that read a job (from the store, or a server through the same `Reader`)
+and print it: jobs, status, records, explain, stacks, goodput, logs, classify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from trainguard.records.explain import (
+    classify_file,
+    print_aggregate,
+    print_classification,
+    print_explain,
+)
+from trainguard.records.queries import Reader
+
+if TYPE_CHECKING:
+    pass
+
+
+def fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def dump_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def cmd_jobs(args: argparse.Namespace, reader: Reader) -> int:
+    rows = reader.jobs(args.limit)
+    if args.json:
+        dump_json(rows)
+        return 0
+    if not rows:
+        print("no jobs yet")
+        return 0
+    print(f"{'ID':<22} {'NAME':<20} {'STATE':<12} {'ATTEMPTS':>8}  CREATED")
+    for r in rows:
+        print(
+            f"{r['id']:<22} {r['name'][:20]:<20} {r['state']:<12} {r['attempts']:>8}  "
+            f"{fmt_time(r['created_at_s'])}"
+            + (f"  ({r['queued_reason']})" if r.get("queued_reason") else "")
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, reader: Reader) -> int:
+    view = reader.status(args.job)
+    if args.json:
+        dump_json(view)
+        return 0
+    print(f"job       {view['id']} ({view['name']})")
+    print(f"state     {view['state']}")
+    if view.get("queued_reason"):
+        print(f"queue     {view['queued_reason']}")
+    print(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
+    print(f"created   {fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}")
+    if view["error_message"]:
+        print(f"error     [{view['error_code']}] {view['error_message']}")
+    print(f"logs      {view['log_dir']}")
+    print("replicas:")
+    for r in view["replicas"]:
+        code = "" if r["exit_code"] is None else f" exit {r['exit_code']}"
+        sig = f" ({r['signal']})" if r["signal"] else ""
+        print(f"  {r['name']:<12} rank {r['rank']:<3} {r['state']:<10} pid {r['pid']}{code}{sig}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
+    data = reader.explain(args.job)
+    if args.json:
+        dump_json(data)
+    else:
+        print_explain(data["job"], data["failures"])
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    c = classify_file(args.log, args.exit_code, args.signal, args.retryable_error)
+    print_classification(c, args.json)
+    return 0
+
+
+def cmd_goodput(args: argparse.Namespace, reader: Reader) -> int:
+    g = reader.goodput(args.job)
+    if args.json:
+        dump_json(g)
+        return 0
+    job = g["job"]
+    total = g["total_s"] or 1.0
+    print(
+        f"job {job['id']} ({job['state']}): {g['total_s']:.1f} s in all, {g['failures']} failure(s)"
+    )
+    print(f"  productive   {g['productive_s']:8.2f} s  {100 * g['goodput']:5.1f}%")
+    for key, value in g["badput"].items():
+        print(f"  {key[:-2].replace('_', ' '):<12} {value:8.2f} s  {100 * value / total:5.1f}%")
+    print(f"advice: {g['advice']['text']}")
+    if not g["has_progress"]:
+        print("(no progress was reported: call sdk.report or trainguard.train.report)")
+    return 0
+
+
+def cmd_stacks(args: argparse.Namespace, reader: Reader) -> int:
+    from trainguard.hangs.stack_model import StackReport
+    from trainguard.hangs.stacks import render
+
+    views = reader.stacks(args.job, args.attempt)
+    if args.json:
+        dump_json(views)
+        return 0
+    if not views:
+        where = f" in attempt {args.attempt}" if args.attempt is not None else ""
+        print(f"job {args.job} has no stack snapshots{where} (they are taken when it hangs)")
+        return 0
+    for v in views:
+        print(
+            f"== attempt {v['attempt']}, {v['kind'].replace('_', ' ')} at "
+            f"{fmt_time(v['at_s'])} (stacks taken in {v['duration_ms']:.0f} ms)"
+        )
+        print(render(StackReport.from_dict(v["report"])))
+    return 0
+
+
+def cmd_records(args: argparse.Namespace, reader: Reader) -> int:
+    rows = reader.records(args.job, args.aggregate)
+    if args.aggregate:
+        if args.json:
+            dump_json(rows)
+        else:
+            print_aggregate(rows)
+        return 0
+    if args.json:
+        dump_json(rows)
+        return 0
+    if not rows:
+        print(f"job {args.job} has no restart records ({reader.status(args.job)['state']})")
+        return 0
+    for r in rows:
+        print(
+            f"#{r['round']} {fmt_time(r['at_s'])} node {r['node']} replica {r['replica']} "
+            f"code {r['error_code']} source {r['error_source']} class {r['failure_class']}"
+        )
+        print(f"   message:  {r['error_message']}")
+        print(f"   decision: {r['decision']}")
+        if r["cascade"]:
+            print(f"   cascade:  {r['cascade']} failed after it")
+        if r["isolated"]:
+            print(f"   isolated: {r['isolated']}")
+        if r["snapshot_id"]:
+            print(f"   stacks:   trainguard stacks {r['job_id']}")
+        phases = ", ".join(
+            f"{k[:-3]} {r[k]:.0f} ms"
+            for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
+            if r[k] is not None
+        )
+        print(f"   phases:   {phases}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, reader: Reader) -> int:
+    log = reader.log(args.job, args.replica, args.attempt, args.tail)
+    if not log["exists"]:
+        print(f"(no output yet: {log['path']})", file=sys.stderr)
+        return 0
+    sys.stdout.write(log["text"])
+    return 0

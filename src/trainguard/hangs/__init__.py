@@ -1,0 +1,5 @@
+"""Hang detection and diagnosis: the watch over signs of life, stack snapshots, their parsers and
+the culprit rules, and progress estimates.
+"""
+
+__all__ = ["diagnose", "progress", "snapshot", "stack_model", "stack_parsers", "stacks", "watch"]

@@ -1,0 +1,53 @@
+"""Fault injection at run time: fires each `--inject` (parsed by `trainguard.spec.injection`)
+once, when its attempt reaches its time or step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+
+from trainguard.spec.injection import Injection
+
+
+def kill_this_master() -> None:
+    """`--inject master@...`: the master dies as a crash would kill it (then `resume`)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultInjector:
+    """Fires each injection once, when its attempt reaches its time or step."""
+
+    def __init__(self, injections: list[Injection], fire: Callable[[Injection], None]) -> None:
+        self._pending = list(injections)
+        self._fire = fire
+        self._attempt = -1
+        self._timers: list[asyncio.TimerHandle] = []
+
+    def arm(self, attempt: int) -> None:
+        """The attempt is running: start the clocks of its timed injections."""
+        self.disarm()
+        self._attempt = attempt
+        loop = asyncio.get_running_loop()
+        for inj in self._pending:
+            if inj.attempt == attempt and inj.after_s is not None:
+                self._timers.append(loop.call_later(inj.after_s, self._once, inj))
+
+    def disarm(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
+        self._attempt = -1
+
+    def on_step(self, replica: str, step: int) -> None:
+        for inj in list(self._pending):
+            due = inj.at_step is not None and step >= inj.at_step
+            mine = inj.replica in (None, replica)
+            if due and mine and inj.attempt == self._attempt:
+                self._once(inj)
+
+    def _once(self, inj: Injection) -> None:
+        if inj in self._pending:
+            self._pending.remove(inj)
+            self._fire(inj)

@@ -1,0 +1,77 @@
+"""What the master does with reported progress and checkpoints (R-CKPT-1)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainguard.errors import CallRefused
+from trainguard.records.checkpoints import (
+    Storage,
+    apply_retention,
+    commit,
+    commit_ms,
+    entries,
+    is_url,
+)
+from trainguard.records.recorder import Recorder
+from trainguard.spec.models import CheckpointPolicy
+
+
+class CheckpointKeeper:
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        job_dir: Path,
+        rec: Recorder,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        where = policy.storage
+        self.storage: Storage = (
+            where
+            if where and is_url(where)
+            else Path(where).resolve()
+            if where
+            else job_dir / "checkpoints"
+        )
+        self.rec = rec
+        self.clock = clock
+        self.attempt = -1
+        self._best_step = -1  # the highest step reported in this attempt
+
+    def new_attempt(self, attempt: int) -> None:
+        self.attempt, self._best_step = attempt, -1
+
+    def seed(self) -> None:
+        """`--from-checkpoint`: the given folder becomes a new job's first checkpoint."""
+        if self.policy.initial and not entries(self.storage):
+            made = commit(Path(self.policy.initial), self.storage)
+            self.rec.event(self.clock(), None, "checkpoint", f"{made} from {self.policy.initial}")
+
+    def on_progress(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        """sdk.report: the job's progress; a new checkpoint triggers retention."""
+        if checkpoint is not None and checkpoint not in {e.name for e in entries(self.storage)}:
+            raise CallRefused(
+                f"checkpoint: {checkpoint} is not a committed checkpoint of this job's storage"
+            )
+        now = self.clock()
+        self.rec.progress(now, step, metrics)
+        cost = commit_ms(self.storage, checkpoint) if checkpoint else None
+        if step is not None and (step > self._best_step or checkpoint):
+            self._best_step = max(self._best_step, step)
+            self.rec.step(self.attempt, step, now, checkpoint, cost)
+        if checkpoint is None:
+            return
+        gone = apply_retention(
+            self.storage,
+            keep_last=self.policy.keep_last,
+            keep_best=self.policy.keep_best,
+            score_attribute=self.policy.score_attribute,
+            score_order=self.policy.score_order,
+        )
+        deleted = f"; retention deleted {', '.join(gone)}" if gone else ""
+        self.rec.event(now, replica, "checkpoint", f"{checkpoint} at step {step}{deleted}")

@@ -1,0 +1,173 @@
+"""The catalogue of failure signatures (R-CLS-3): data in `signatures.yaml`, not code.
+
+`Rules` bundles the built-in catalogue with a job's own retryable keywords; user
+keywords are checked first. The catalogue is ours and uses Python's `re`; a user's
+pattern (spec, `--retryable-error`, `set_retryable_errors`) runs in RE2, which takes
+linear time on any input, so no pattern can freeze the master on a log line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol
+
+import re2  # type: ignore[import-untyped]
+import yaml
+
+_CLASSES = frozenset(
+    {
+        "user_error",
+        "host_oom",
+        "device_oom",
+        "retryable_message",
+        "insufficient_capacity",
+        "preemption",
+        "node_lost",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Untrained:
+    """What a signature means instead when the log shows no training progress yet."""
+
+    failure_class: str
+    retryable: bool
+    confidence: float
+    reason: str
+
+
+class Matcher(Protocol):
+    """What a signature needs of a compiled pattern (Python's `re` or RE2)."""
+
+    def search(self, string: str, /) -> object | None: ...
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    pattern: Matcher
+    failure_class: str
+    retryable: bool
+    reason: str
+    cascade: bool = False
+    hardware: bool = False
+    confidence: float = 0.9  # how sure a match makes the class
+    weak: bool = False  # a wrapper's or bystander's words: only when nothing else matches
+    untrained: Untrained | None = None  # the reading before any training progress
+
+
+def _compile(entry: Any, where: str) -> Signature:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a mapping")
+    missing = {"id", "pattern", "class", "retryable", "reason"} - entry.keys()
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(sorted(missing))}")
+    if entry["class"] not in _CLASSES:
+        raise ValueError(f"{where} ({entry['id']}): unknown class {entry['class']!r}")
+    try:
+        pattern = re.compile(str(entry["pattern"]), re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"{where} ({entry['id']}): bad pattern: {exc}") from None
+    untrained = None
+    if "untrained" in entry:
+        u = entry["untrained"]
+        if not isinstance(u, dict) or u.get("class") not in _CLASSES:
+            raise ValueError(f"{where} ({entry['id']}): untrained needs a known class")
+        untrained = Untrained(
+            failure_class=str(u["class"]),
+            retryable=bool(u.get("retryable", entry["retryable"])),
+            confidence=float(u.get("confidence", 0.5)),
+            reason=str(u.get("reason", entry["reason"])),
+        )
+    return Signature(
+        id=str(entry["id"]),
+        pattern=pattern,
+        failure_class=str(entry["class"]),
+        retryable=bool(entry["retryable"]),
+        reason=str(entry["reason"]),
+        cascade=bool(entry.get("cascade", False)),
+        hardware=bool(entry.get("hardware", False)),
+        confidence=float(entry.get("confidence", 0.9)),
+        weak=bool(entry.get("weak", False)),
+        untrained=untrained,
+    )
+
+
+def parse_catalogue(text: str) -> tuple[Signature, ...]:
+    data = yaml.safe_load(text)
+    entries = data.get("signatures") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("the catalogue must have a list under `signatures`")
+    sigs = tuple(_compile(e, f"signatures[{i}]") for i, e in enumerate(entries))
+    ids = [s.id for s in sigs]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ValueError(f"duplicate signature ids: {sorted(dup)}")
+    return sigs
+
+
+@cache
+def builtin_catalogue() -> tuple[Signature, ...]:
+    text = resources.files("trainguard.policy").joinpath("signatures.yaml").read_text()
+    return parse_catalogue(text)
+
+
+def compile_user_pattern(text: str) -> Matcher:
+    """A user's regex in RE2 (case-insensitive); what RE2 cannot parse (a backreference,
+    a lookahead, a stray bracket) is matched as the plain keyword it then most likely is."""
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False  # RE2 would print to stderr
+    try:
+        return re2.compile(text, options)  # type: ignore[no-any-return]
+    except re2.error:
+        options.literal = True
+        return re2.compile(text, options)  # type: ignore[no-any-return]
+
+
+def user_signatures(keywords: tuple[str, ...], source: str) -> tuple[Signature, ...]:
+    """A job's own retryable keywords (regexes), as signatures checked before the catalogue."""
+    out = []
+    for i, kw in enumerate(keywords):
+        pattern = compile_user_pattern(kw)
+        out.append(
+            Signature(
+                id=f"{source}-{i}",
+                pattern=pattern,
+                failure_class="retryable_message",
+                retryable=True,
+                reason=f"matches the retryable keyword {kw!r} ({source})",
+                confidence=0.95,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What classification matches log lines against: the user's keywords, then ours."""
+
+    user: tuple[Signature, ...] = ()
+    catalogue: tuple[Signature, ...] = ()
+
+    @classmethod
+    def default(cls, keywords: tuple[str, ...] = (), runtime: tuple[str, ...] = ()) -> Rules:
+        return cls(
+            user=user_signatures(keywords, "spec-keyword")
+            + user_signatures(runtime, "runtime-keyword"),
+            catalogue=builtin_catalogue(),
+        )
+
+
+def first_match(
+    sigs: tuple[Signature, ...], line: str, weak: bool | None = None
+) -> Signature | None:
+    """The first signature matching `line`; `weak` picks only weak (or only strong) ones."""
+    for sig in sigs:
+        if (weak is None or sig.weak == weak) and sig.pattern.search(line):
+            return sig
+    return None

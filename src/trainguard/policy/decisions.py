@@ -1,0 +1,358 @@
+"""Fault-tolerance policy (R-POL-1..3, R-POL-5): pure decisions, as values.
+
+`decide_failure(ft, budgets, failure, world_size)` and `decide_clean_exit(...)` touch
+no process, file or clock. The master applies what they return and then records the
+failure with `budgets.after(failure, decision)`; tests drive them by tables.
+
+The rules, in order, for a failure:
+1. not retryable (by the policy or the evidence) -> FailJob;
+2. more than `max_tolerated_failure_rate` of the replicas have failed -> FailJob;
+   the history rule: the same fingerprint at the same progress point (the same step,
+   or start-up both times) as in an earlier attempt -> FailJob, whatever the class;
+3. the same error (fingerprint) on this replica more than `max_num_of_same_error`
+   times -> FailJob;
+4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
+   (capacity with queue.wait_for_capacity -> WaitForCapacity); a retryable failure
+   whose evidence is uncertain also charges `max_uncertain_restarts` (1);
+5. async mode and a role that restarts alone (the framework's `RolePolicy`; `worker`
+   by default): restart it alone while its `max_replica_restarts` last, then the whole
+   job (or, as the framework says, fail the job or give the replica up);
+6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainguard.policy.budgets import Budgets, Charge, Failure, Limit, Occurrence
+from trainguard.policy.classes import Classification, FailureClass
+from trainguard.spec.models import (
+    UNLIMITED,
+    ExecutionMode,
+    FaultTolerance,
+    FaultTolerantPolicy,
+    SuccessPolicy,
+    limit_allows,
+)
+from trainguard.states import ErrorCode
+
+# ---------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class RestartJob:
+    reason: str
+    charges: tuple[Charge, ...]
+
+
+@dataclass(frozen=True)
+class RestartReplica:
+    replica: str
+    reason: str
+    charges: tuple[Charge, ...]
+
+
+@dataclass(frozen=True)
+class FailJob:
+    error_code: str
+    message: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WaitForCapacity:
+    """Stop, wait, and try again without charging a budget (queue.wait_for_capacity)."""
+
+    reason: str
+    message: str = ""  # what the job's error message says meanwhile, if not the failure's
+
+
+@dataclass(frozen=True)
+class GiveUpReplica:
+    """Leave this replica failed and let the job go on without it."""
+
+    replica: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Succeed:
+    reason: str
+    error_code: str | None = None  # PARTIAL: some replicas were given up
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Expire:
+    """The wait for capacity ran past `queue.max_wait_s`: the job ends EXPIRED."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Ignore:
+    reason: str
+
+
+Decision = (
+    RestartJob
+    | RestartReplica
+    | GiveUpReplica
+    | FailJob
+    | WaitForCapacity
+    | Expire
+    | Succeed
+    | Ignore
+)
+
+
+def describe(decision: Decision) -> str:
+    """One line for records and logs: what was decided, why, and what it cost."""
+    name = type(decision).__name__
+    charges = getattr(decision, "charges", ())
+    cost = f" [charged {', '.join(map(str, charges))}]" if charges else ""
+    target = f"({decision.replica})" if isinstance(decision, RestartReplica | GiveUpReplica) else ""
+    return f"{name}{target}: {decision.reason}{cost}"
+
+
+# ---------------------------------------------------------------- rules
+
+# Failure classes with a budget of their own (Vertex: transient and capacity 3, internal 2).
+_CLASS_BUDGET: dict[FailureClass, str] = {
+    FailureClass.TRANSIENT_EXIT: "max_transient_restarts",
+    FailureClass.CAPACITY: "max_capacity_restarts",
+    FailureClass.INTERNAL: "max_internal_restarts",
+    FailureClass.NODE_LOST: "max_node_lost_restarts",
+}
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """How a framework treats its roles' failures (R-POL-1); the preset supplies it.
+
+    `alone`: roles restarted alone in async mode (None: every role); any other role
+    restarts the whole job. `optional`: roles whose failure never ends or restarts the
+    job (TensorFlow's evaluator): restarted alone within their budget, then given up.
+    `on_spent`: what happens when a replica restarted alone has spent its own restarts.
+    """
+
+    alone: frozenset[str] | None = frozenset({"worker"})
+    optional: frozenset[str] = frozenset()
+    on_spent: Literal["restart_job", "fail_job", "give_up"] = "restart_job"
+
+    def restarts_alone(self, role: str, mode: ExecutionMode) -> bool:
+        if role in self.optional:
+            return True
+        return mode is ExecutionMode.ASYNC and (self.alone is None or role in self.alone)
+
+
+def error_code(c: Classification) -> str:
+    if c.failure_class is FailureClass.INTERNAL:
+        return ErrorCode.INTERNAL
+    if c.failure_class is FailureClass.NODE_LOST:
+        return ErrorCode.NODE_LOST
+    if c.failure_class in (FailureClass.HANG, FailureClass.EXIT_HANG):
+        return ErrorCode(c.failure_class.value.upper())
+    if c.exit_code is None:
+        return ErrorCode.SPAWN_ERROR
+    return str(c.exit_code)
+
+
+def _fail(failure: Failure, why: str) -> FailJob:
+    c = failure.classification
+    return FailJob(error_code(c), c.message, why)
+
+
+def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str]:
+    if ft.fault_tolerant_policy is FaultTolerantPolicy.NEVER:
+        return False, "fault_tolerant_policy is Never"
+    if c.failure_class is FailureClass.USER_ERROR and c.exit_code is None:
+        return False, "the command cannot be started; a retry cannot help"
+    if ft.fault_tolerant_policy is FaultTolerantPolicy.ON_FAILURE:
+        return True, "fault_tolerant_policy is OnFailure"
+    if c.retryable:
+        return True, f"{c.failure_class} is retryable (rule {c.rule})"
+    return False, f"{c.failure_class} is not retryable (rule {c.rule})"
+
+
+STARTUP_WINDOW_S = 300.0
+"""A replica that fails this soon after it started, with no step printed or reported,
+failed in start-up: the same error there in two attempts is not a passing fault."""
+
+# Faults from outside: without a step to compare, two of them say nothing about the job.
+_EXTERNAL: frozenset[FailureClass] = frozenset(
+    {FailureClass.PREEMPTION, FailureClass.NODE_LOST, FailureClass.CAPACITY}
+)
+
+
+def _in_startup(o: Occurrence) -> bool:
+    return o.uptime_s is not None and o.uptime_s < STARTUP_WINDOW_S
+
+
+def repeated_at_same_point(b: Budgets, failure: Failure) -> str | None:
+    """The history rule: the same fingerprint at the same progress point as before.
+
+    Deterministic whatever its class: the same step in two attempts (or two runs of a
+    replica restarted alone), or, with no step known either time, both times in start-up
+    (within STARTUP_WINDOW_S of starting; not for faults from outside). Returns why.
+    """
+    c = failure.classification
+    prev = b.seen.get(c.fingerprint or "")
+    now = failure.occurrence()
+    if prev is None or (prev.attempt, prev.restart) == (now.attempt, now.restart):
+        return None
+    if prev.progress is not None and now.progress is not None:
+        if prev.progress != now.progress:
+            return None
+        where = f"at step {now.progress}"
+    elif prev.progress is None and now.progress is None:
+        if c.failure_class in _EXTERNAL or not (_in_startup(prev) and _in_startup(now)):
+            return None
+        where = "in start-up, before any training step"
+    else:
+        return None
+    if prev.restart == 0 and now.restart == 0:
+        runs = f"attempts {prev.attempt} and {now.attempt}"
+    else:
+        runs = f"{prev.where()} and {now.where()}"
+    return f"the same error {where} in {runs}: not transient"
+
+
+def _job_restart(
+    ft: FaultTolerance, b: Budgets, failure: Failure, why: str, extra: tuple[Charge, ...]
+) -> Decision:
+    if not ft.enable_job_restart:
+        return _fail(failure, f"{why}; but enable_job_restart is False")
+    limit = ft.max_num_of_job_restart
+    if not limit_allows(limit, b.job_restarts):
+        return _fail(
+            failure, f"{why}; but the job restart budget is spent ({b.job_restarts}/{limit})"
+        )
+    charge = Charge("job_restarts", b.job_restarts + 1, limit)
+    return RestartJob(why, (*extra, charge))
+
+
+def decide_failure(
+    ft: FaultTolerance,
+    b: Budgets,
+    failure: Failure,
+    world_size: int = 1,
+    wait_for_capacity: bool = False,
+    roles: RolePolicy = RolePolicy(),
+) -> Decision:
+    """What to do about one replica's failure (the root cause, not its cascade).
+
+    With `wait_for_capacity`, a capacity failure whose budget is spent waits for capacity
+    (Vertex's flex-start) instead of failing the job. A replica of an optional role, or
+    a shard of a job that allows a partial result, is given up instead of ending the job.
+    """
+    c = failure.classification
+    retry, why = _is_retryable(ft, c)
+    if not retry:
+        return _end_replica(roles, ft, failure, why)
+    repeat = repeated_at_same_point(b, failure) if ft.enable_repeat_detection else None
+    if repeat is not None:
+        return _end_replica(roles, ft, failure, f"{why}; but {repeat}")
+
+    if wait_for_capacity and c.failure_class is FailureClass.CAPACITY:
+        limit_c = ft.max_capacity_restarts
+        used_c = b.class_restarts.get("max_capacity_restarts", 0)
+        if not limit_allows(limit_c, used_c):
+            # Waiting charges nothing, so neither the same-error nor the rate rule applies.
+            return WaitForCapacity(
+                f"{why}; max_capacity_restarts is spent ({used_c}/{limit_c}), "
+                "so the job waits for capacity"
+            )
+
+    rate = ft.max_tolerated_failure_rate
+    failed = len(b.failed_replicas) + (failure.replica not in b.failed_replicas)
+    if rate is not None and failed / max(1, world_size) > rate:
+        return _fail(
+            failure,
+            f"{why}; but {failed} of {world_size} replicas have failed, "
+            f"more than max_tolerated_failure_rate {rate:g}",
+        )
+
+    same = b.same_error.get(failure.same_error_key, 0) + 1
+    if ft.max_num_of_same_error != UNLIMITED and same > ft.max_num_of_same_error:
+        return _end_replica(
+            roles,
+            ft,
+            failure,
+            f"{why}; but {failure.replica} hit the same error {same} times "
+            f"(max_num_of_same_error {ft.max_num_of_same_error})",
+        )
+    extra: tuple[Charge, ...] = (
+        Charge(f"same_error:{failure.same_error_key}", same, ft.max_num_of_same_error),
+    )
+
+    budget_field = _CLASS_BUDGET.get(c.failure_class) if c.failure_class else None
+    if budget_field is not None:
+        limit: Limit = getattr(ft, budget_field)
+        used = b.class_restarts.get(budget_field, 0)
+        if not limit_allows(limit, used):
+            why = f"{why}; but {budget_field} is spent ({used}/{limit})"
+            return _end_replica(roles, ft, failure, why)
+        extra = (*extra, Charge(budget_field, used + 1, limit))
+
+    if (
+        c.uncertain
+        and c.retryable
+        and ft.fault_tolerant_policy is not FaultTolerantPolicy.ON_FAILURE
+    ):
+        used = b.class_restarts.get("max_uncertain_restarts", 0)
+        if not limit_allows(ft.max_uncertain_restarts, used):
+            why = (
+                f"{why}; but the evidence is uncertain (confidence {c.confidence:.2f}) and "
+                f"max_uncertain_restarts is spent ({used}/{ft.max_uncertain_restarts})"
+            )
+            return _end_replica(roles, ft, failure, why)
+        extra = (*extra, Charge("max_uncertain_restarts", used + 1, ft.max_uncertain_restarts))
+
+    if roles.restarts_alone(failure.role, ft.execution_mode):
+        key = f"replica_restarts:{failure.replica}"
+        used = b.replica_restarts.get(failure.replica, 0)
+        if limit_allows(ft.max_replica_restarts, used):
+            charge = Charge(key, used + 1, ft.max_replica_restarts)
+            return RestartReplica(failure.replica, why, (*extra, charge))
+        why = f"{why}; {failure.replica} spent its {ft.max_replica_restarts} restarts"
+        if failure.role in roles.optional or roles.on_spent != "restart_job":
+            return _end_replica(roles, ft, failure, why)
+        why = f"{why}, so the job restarts"
+    return _job_restart(ft, b, failure, why, extra)
+
+
+def _end_replica(roles: RolePolicy, ft: FaultTolerance, failure: Failure, why: str) -> Decision:
+    """A replica that may not be retried: given up where its role allows, else the job fails."""
+    if failure.role in roles.optional:
+        return GiveUpReplica(failure.replica, f"{why}; {failure.role} is optional")
+    if roles.on_spent == "give_up" and roles.restarts_alone(failure.role, ft.execution_mode):
+        return GiveUpReplica(failure.replica, f"{why}; a partial result is allowed")
+    return _fail(failure, why)
+
+
+def decide_clean_exit(
+    policy: SuccessPolicy, replica: str, primary: str, all_succeeded: bool
+) -> Decision:
+    """A replica exited 0: is the job done (R-JOB-4)?"""
+    if policy is SuccessPolicy.CHIEF:
+        if replica == primary:
+            return Succeed(f"the primary replica {replica} exited 0")
+        return Ignore(f"{replica} exited 0; waiting for the primary replica {primary}")
+    if all_succeeded:
+        return Succeed("every replica exited 0")
+    return Ignore(f"{replica} exited 0; waiting for the other replicas")
+
+
+def root_cause(failures: list[Failure]) -> tuple[Failure, list[Failure]]:
+    """The earliest failure that is not a typical cascade (else the earliest), and the rest.
+
+    When one replica dies, its peers often fail next with connection resets or
+    collective errors; those are its cascade, and the decision is taken on the root.
+    """
+    ordered = sorted(failures, key=lambda f: f.time_s)
+    roots = [f for f in ordered if not f.classification.cascade] or ordered
+    root = roots[0]
+    return root, [f for f in ordered if f is not root]

@@ -1,0 +1,148 @@
+"""Why did trainguard do that? (R-CLS-4, R-REC-1): `explain`, `records --aggregate`, `classify`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import SpecError
+from trainguard.policy.catalogue import Rules
+from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
+from trainguard.policy.classify import classify_exit
+from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES
+from trainguard.signals import parse_signal
+
+
+def aggregate(failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Failures grouped by fingerprint: how often, on which replicas, first and last seen."""
+    groups: dict[str, dict[str, Any]] = {}
+    for f in failures:
+        key = f["fingerprint"] or f"{f['failure_class']}:{f['rule']}"
+        g = groups.setdefault(
+            key,
+            {
+                "fingerprint": key,
+                "failure_class": f["failure_class"],
+                "rule": f["rule"],
+                "example": f["matched_line"] or f["message"],
+                "count": 0,
+                "root_causes": 0,
+                "replicas": [],
+                "first_at_s": f["at_s"],
+                "last_at_s": f["at_s"],
+            },
+        )
+        g["count"] += 1
+        g["root_causes"] += 1 if f["root_cause"] else 0
+        if f["replica"] not in g["replicas"]:
+            g["replicas"].append(f["replica"])
+        g["last_at_s"] = max(g["last_at_s"], f["at_s"])
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["first_at_s"]))
+
+
+def print_aggregate(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no failures recorded")
+        return
+    for g in rows:
+        print(
+            f"{g['count']:>4}x  {g['failure_class']:<22} rule {g['rule']:<22} "
+            f"fingerprint {g['fingerprint']}  replicas {', '.join(sorted(g['replicas']))}"
+        )
+        print(f"       {g['example']}")
+
+
+def print_explain(job: dict[str, Any], failures: list[dict[str, Any]]) -> None:
+    print(f"job {job['id']} ({job['name']}): {job['state']}, {job['attempts']} attempt(s)")
+    if not failures:
+        print("no failures: nothing needed explaining")
+    for f in failures:
+        role = "root cause" if f["root_cause"] else f"cascade of {f['cascade_of']}"
+        retry = "retryable" if f["retryable"] else "not retryable"
+        print(f"- attempt {f['attempt']}, {f['replica']} ({role})")
+        print(f"    class        {f['failure_class']} ({retry})")
+        print(f"    rule         {f['rule']}")
+        if f["matched_line"]:
+            print(f"    matched line {f['matched_line']}")
+        if f.get("confidence") is not None:
+            sure = " (uncertain)" if f["confidence"] < UNCERTAIN_BELOW else ""
+            print(f"    confidence   {f['confidence']:.2f}{sure}, phase {f['phase'] or 'unknown'}")
+        if f.get("step") is not None:
+            print(f"    at step      {f['step']}")
+        for note in (f.get("notes") or "").splitlines():
+            print(f"    context      {note}")
+        print(f"    fingerprint  {f['fingerprint']}")
+        print(f"    message      {f['message']}")
+        print(f"    decision     {f['decision']}")
+    if job["error_message"]:
+        print(f"final error: [{job['error_code']}] {job['error_message']}")
+
+
+# ---------------------------------------------------------------- offline classification
+
+
+def _returncode(exit_code: str | None, sig: str | None) -> int:
+    if sig is not None:
+        try:
+            return -parse_signal(sig)
+        except ValueError as exc:
+            raise SpecError([f"--signal: {exc}"]) from None
+    if exit_code is None:
+        return 1
+    try:
+        return int(exit_code)
+    except ValueError:
+        raise SpecError([f"--exit-code: must be an integer, got {exit_code!r}"]) from None
+
+
+def classify_file(
+    path: Path, exit_code: str | None, sig: str | None, keywords: Sequence[str] = ()
+) -> Classification:
+    """The classifier, as the master runs it, over the tail of any log file."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - TAIL_BYTES))
+            data = fh.read()
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read the log ({exc.strerror})"]) from None
+    lines = tuple(data.decode("utf-8", "replace").splitlines()[-TAIL_LINES:])
+    ev = ExitEvidence("replica", _returncode(exit_code, sig), log_tail=lines)
+    return classify_exit(ev, Rules.default(tuple(keywords)))
+
+
+def classification_json(c: Classification) -> dict[str, Any]:
+    return {
+        "kind": c.kind.value,
+        "failure_class": c.failure_class.value if c.failure_class else None,
+        "retryable": c.retryable,
+        "rule": c.rule,
+        "matched_line": c.matched_line,
+        "fingerprint": c.fingerprint,
+        "exit_code": c.exit_code,
+        "signal": c.signal,
+        "reason": c.reason,
+        "message": c.message,
+        "cascade": c.cascade,
+        "hardware": c.hardware,
+        "confidence": c.confidence,
+        "uncertain": c.uncertain,
+        "phase": c.phase,
+        "notes": list(c.notes),
+    }
+
+
+def print_classification(c: Classification, as_json: bool) -> None:
+    data = classification_json(c)
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return
+    for key in ("failure_class", "retryable", "rule", "matched_line", "fingerprint", "message"):
+        print(f"{key:<14} {data[key]}")
+    sure = " (uncertain: retried at most once)" if c.uncertain else ""
+    print(f"{'confidence':<14} {c.confidence:.2f}{sure}")
+    print(f"{'phase':<14} {c.phase}")
+    for note in c.notes:
+        print(f"{'context':<14} {note}")

@@ -1,0 +1,285 @@
+"""The durable record (R-REC-1, R-RUN-1): SQLAlchemy Core over SQLite (WAL) by default.
+
+A job row is separate from its attempts, attempts from their replicas' runs. Times are
+seconds since the epoch and say so in their names; a null end time means still running.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from trainguard.errors import JobNotFound, StoreError
+from trainguard.records.engine import (
+    SCHEMA_LOCK,
+    default_home,
+    engine_for,
+    one_line,
+    shown,
+)
+from trainguard.records.schema import (
+    attempts,
+    events,
+    failure_records,
+    jobs,
+    metadata,
+    progress,
+    replica_runs,
+    restart_records,
+    stack_snapshots,
+    transitions,
+)
+
+
+class Store:
+    """Rows in, rows out. Every method is one short transaction."""
+
+    def __init__(self, home: Path | None = None, url: str | None = None) -> None:
+        self.home = home or default_home()
+        try:
+            if url is None:
+                self.home.mkdir(parents=True, exist_ok=True)
+                url = f"sqlite:///{self.home / 'trainguard.db'}"
+            self.engine: Engine = engine_for(url)
+            if self.engine.dialect.name == "sqlite":
+                # Two commands opening a new store at once must not both create tables.
+                self.home.mkdir(parents=True, exist_ok=True)  # holds the lock, whatever the URL
+                with open(self.home / "trainguard.lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    self._create_schema()
+            else:
+                self._create_schema()
+        except (OSError, ImportError, SQLAlchemyError) as exc:  # ImportError: no driver
+            where = shown(url) if url else self.home
+            raise StoreError(
+                f"cannot open the trainguard store at {where}: {one_line(exc)}"
+            ) from None
+
+    def _create_schema(self) -> None:
+        """Create missing tables, and add columns that a newer trainguard defines (all nullable)."""
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # Two commands opening a new store at once must not both create tables. The
+                # lock lasts until this transaction ends; PostgreSQL's DDL is transactional.
+                conn.execute(select(func.pg_advisory_xact_lock(SCHEMA_LOCK)))
+            metadata.create_all(conn)
+            found = inspect(conn)
+            for table in metadata.sorted_tables:
+                have = {c["name"] for c in found.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name not in have:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        conn.execute(
+                            text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
+                        )
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            kind = type(getattr(exc, "orig", None) or exc).__name__
+            raise StoreError(
+                f"trainguard store error: {kind}: {one_line(exc)}",
+                transient=isinstance(exc, OperationalError),
+            ) from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -------------------------------------------------------------- writes
+
+    def insert(self, table: Table, **values: Any) -> int:
+        with self._tx() as conn:
+            res = conn.execute(insert(table).values(**values))
+            key = res.inserted_primary_key
+            return int(key[0]) if key and isinstance(key[0], int) else 0
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+    def update_row(self, table: Table, row_id: int, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(update(table).where(table.c.id == row_id).values(**values))
+
+    def end_attempt(self, job_id: str, number: int, **values: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(attempts)
+                .where(attempts.c.job_id == job_id, attempts.c.number == number)
+                .values(**values)
+            )
+
+    def record_transition(
+        self,
+        job_id: str,
+        prev: str | None,
+        state: str,
+        at_s: float,
+        reason: str | None,
+        **job_values: Any,
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=state, **job_values))
+            conn.execute(
+                insert(transitions).values(
+                    job_id=job_id, from_state=prev, to_state=state, at_s=at_s, reason=reason
+                )
+            )
+
+    def set_state_if(
+        self,
+        job_id: str,
+        expected: str,
+        state: str,
+        at_s: float,
+        reason: str | None = None,
+        **values: Any,
+    ) -> bool:
+        """Move a job from `expected` to `state` unless someone else moved it first."""
+        with self._tx() as conn:
+            res = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == expected)
+                .values(state=state, **values)
+            )
+            if res.rowcount != 1:
+                return False
+            conn.execute(
+                insert(transitions).values(
+                    job_id=job_id,
+                    from_state=expected,
+                    to_state=state,
+                    at_s=at_s,
+                    reason=reason or values.get("error_message"),
+                )
+            )
+            return True
+
+    def close_open_rows(self, job_id: str, at_s: float, outcome: str) -> None:
+        """End the attempts and runs of a job whose master vanished mid-way."""
+        with self._tx() as conn:
+            conn.execute(
+                update(attempts)
+                .where(attempts.c.job_id == job_id, attempts.c.ended_at_s.is_(None))
+                .values(ended_at_s=at_s, outcome=outcome)
+            )
+            conn.execute(
+                update(replica_runs)
+                .where(replica_runs.c.job_id == job_id, replica_runs.c.ended_at_s.is_(None))
+                .values(ended_at_s=at_s, state="STOPPED", message=f"master lost ({outcome})")
+            )
+
+    # -------------------------------------------------------------- reads
+
+    def _rows(self, stmt: Any) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def list_jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self._rows(select(jobs).order_by(jobs.c.created_at_s.desc()).limit(limit))
+
+    def live_jobs(self) -> list[dict[str, Any]]:
+        from trainguard.states import JobState
+
+        live = [s.value for s in JobState if not s.is_terminal]
+        return self._rows(select(jobs).where(jobs.c.state.in_(live)))
+
+    def jobs_in(self, states: list[str], origin: str | None = None) -> list[dict[str, Any]]:
+        """Jobs in these states (of one origin, e.g. the server's), oldest first."""
+        stmt = select(jobs).where(jobs.c.state.in_(states))
+        if origin is not None:
+            stmt = stmt.where(jobs.c.origin == origin)
+        return self._rows(stmt.order_by(jobs.c.created_at_s))
+
+    def count_transitions(self, job_id: str, reason: str) -> int:
+        return len(
+            self._rows(
+                select(transitions.c.id).where(
+                    transitions.c.job_id == job_id, transitions.c.reason == reason
+                )
+            )
+        )
+
+    def resolve_job(self, ref: str) -> dict[str, Any]:
+        """A job by id, or by name (the most recent job of that name)."""
+        rows = self._rows(select(jobs).where(jobs.c.id == ref))
+        if not rows:
+            rows = self._rows(
+                select(jobs).where(jobs.c.name == ref).order_by(jobs.c.created_at_s.desc()).limit(1)
+            )
+        if not rows:
+            raise JobNotFound(f"no job with id or name {ref!r} in {self.home}")
+        return rows[0]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.resolve_job(job_id)
+
+    def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
+        )
+
+    def runs_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        stmt = select(replica_runs).where(replica_runs.c.job_id == job_id)
+        if attempt is not None:
+            stmt = stmt.where(replica_runs.c.attempt == attempt)
+        return self._rows(
+            stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id)
+        )
+
+    def transitions_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(transitions).where(transitions.c.job_id == job_id).order_by(transitions.c.id)
+        )
+
+    def failures_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(failure_records)
+            .where(failure_records.c.job_id == job_id)
+            .order_by(failure_records.c.id)
+        )
+
+    def snapshots_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        stmt = select(stack_snapshots).where(stack_snapshots.c.job_id == job_id)
+        if attempt is not None:
+            stmt = stmt.where(stack_snapshots.c.attempt == attempt)
+        return self._rows(stmt.order_by(stack_snapshots.c.id))
+
+    def progress_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(progress).where(progress.c.job_id == job_id).order_by(progress.c.id)
+        )
+
+    def events_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(select(events).where(events.c.job_id == job_id).order_by(events.c.id))
+
+    def restarts_of(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            select(restart_records)
+            .where(restart_records.c.job_id == job_id)
+            .order_by(restart_records.c.id)
+        )
+
+
+def spec_json(spec: Any) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)

@@ -1,0 +1,169 @@
+"""The HTTP API and web page of `trainguard server` (R-RUN-2): FastAPI over the Service.
+
+Handlers are plain `def`s: FastAPI runs them in its thread pool, so the store's short
+blocking transactions never stall the event loop that schedules jobs.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, TrainguardError
+from trainguard.records.queries import StoreReader
+from trainguard.service.metrics import render_metrics
+from trainguard.service.scheduler import Service
+from trainguard.spec.models import MAX_LIMIT
+
+JOB_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+REPLICA = r"^[a-z][a-z0-9_-]{0,31}-[0-9]{1,5}$"
+JobRef = Annotated[str, Path(pattern=JOB_REF)]
+
+
+def _error(status: int, exc: Exception) -> JSONResponse:
+    body: dict[str, Any] = {"detail": str(exc)}
+    if isinstance(exc, SpecError):
+        body["problems"] = exc.problems
+    return JSONResponse(body, status_code=status)
+
+
+def _handler(status: int) -> Callable[[Request, Exception], JSONResponse]:
+    def handle(_: Request, exc: Exception) -> JSONResponse:
+        return _error(status, exc)
+
+    return handle
+
+
+def _web_file(name: str) -> str:
+    return (resources.files("trainguard.service") / "web" / name).read_text(encoding="utf-8")
+
+
+def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures over the service, each simple)
+    store = service.store
+    reader = StoreReader(store)
+    token = service.config.token
+
+    def check_token(
+        authorization: Annotated[str | None, Header()] = None,
+        x_trainguard_token: Annotated[str | None, Header()] = None,
+    ) -> None:
+        if token is None:
+            return
+        given = x_trainguard_token or (authorization or "").removeprefix("Bearer ").strip()
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "missing or wrong token (Authorization: Bearer TOKEN)")
+
+    app = FastAPI(title="trainguard", dependencies=[Depends(check_token)])
+    open_app = FastAPI()  # the page itself carries no data: it asks the API with the token
+
+    # Our errors as HTTP statuses; the most specific class wins (Starlette looks up the MRO).
+    for kind, code in (
+        (JobNotFound, 404),
+        (SpecError, 422),
+        (ResumeError, 409),
+        (StoreError, 503),
+        (TrainguardError, 400),
+    ):
+        app.add_exception_handler(kind, _handler(code))
+
+    @app.get("/api/jobs")
+    def list_jobs(limit: Annotated[int, Query(ge=1, le=10000)] = 50) -> list[dict[str, Any]]:
+        return reader.jobs(limit)
+
+    @app.post("/api/jobs", status_code=201)
+    def submit(body: dict[str, Any]) -> dict[str, Any]:
+        if "spec" not in body:
+            raise SpecError(['body: must be {"spec": {...job spec...}, "cwd": "/path"}'])
+        extra = sorted(set(body) - {"spec", "cwd"})
+        if extra:
+            raise SpecError([f"body.{extra[0]}: unknown field"])
+        cwd = body.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise SpecError([f"cwd: must be a path, got {cwd!r}"])
+        job = service.submit(body["spec"], cwd)
+        return {"id": job["id"], "name": job["name"], "state": job["state"]}
+
+    @app.get("/api/queue")
+    def queue() -> dict[str, Any]:
+        return service.queue_view()
+
+    @app.get("/api/jobs/{ref}")
+    def status(ref: JobRef) -> dict[str, Any]:
+        return reader.status(ref)
+
+    @app.get("/api/jobs/{ref}/records")
+    def records(ref: JobRef, aggregate: bool = False) -> list[dict[str, Any]]:
+        return reader.records(ref, aggregate)
+
+    @app.get("/api/jobs/{ref}/explain")
+    def explain(ref: JobRef) -> dict[str, Any]:
+        return reader.explain(ref)
+
+    @app.get("/api/jobs/{ref}/stacks")
+    def stacks(
+        ref: JobRef, attempt: Annotated[int | None, Query(ge=0, le=MAX_LIMIT)] = None
+    ) -> list[dict[str, Any]]:
+        return reader.stacks(ref, attempt)
+
+    @app.get("/api/jobs/{ref}/goodput")
+    def goodput(ref: JobRef) -> dict[str, Any]:
+        return reader.goodput(ref)
+
+    @app.get("/api/jobs/{ref}/history")
+    def history(ref: JobRef) -> dict[str, Any]:
+        job = store.resolve_job(ref)
+        return {
+            "transitions": store.transitions_of(job["id"]),
+            "events": store.events_of(job["id"]),
+            "progress": store.progress_of(job["id"])[-500:],
+        }
+
+    @app.get("/api/jobs/{ref}/logs")
+    def logs(
+        ref: JobRef,
+        replica: Annotated[str | None, Query(pattern=REPLICA)] = None,
+        attempt: Annotated[int | None, Query(ge=0, le=MAX_LIMIT)] = None,
+        tail: Annotated[int | None, Query(ge=0, le=100000)] = None,
+    ) -> dict[str, Any]:
+        return reader.log(ref, replica, attempt, tail)
+
+    @app.post("/api/jobs/{ref}/cancel")
+    def cancel(ref: JobRef) -> dict[str, Any]:
+        message = service.cancel(ref)
+        job = store.resolve_job(ref)
+        return {"id": job["id"], "state": job["state"], "message": message}
+
+    @app.post("/api/jobs/{ref}/resume")
+    def resume(ref: JobRef) -> dict[str, Any]:
+        job = service.resume(ref)
+        return {"id": job["id"], "state": job["state"], "message": "queued to resume"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return PlainTextResponse(
+            render_metrics(store, service), media_type="text/plain; version=0.0.4"
+        )
+
+    @open_app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return _web_file("index.html")
+
+    @open_app.get("/app.js")
+    def script() -> Response:
+        return Response(_web_file("app.js"), media_type="text/javascript")
+
+    @open_app.get("/style.css")
+    def style() -> Response:
+        return Response(_web_file("style.css"), media_type="text/css")
+
+    @open_app.get("/healthz")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    open_app.mount("/", app)  # everything else goes through the token check
+    return open_app

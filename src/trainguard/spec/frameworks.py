@@ -1,0 +1,120 @@
+"""What each framework asks of a job spec: its roles, its defaults, its problems.
+
+The spec layer needs these to validate a job, so they are configuration here; what a
+framework does at run time (each replica's environment, which roles restart alone) is
+`trainguard.frameworks`, a layer above, keyed by the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from trainguard.spec.models import JobSpec
+
+CLUSTER_ROLES = ("chief", "worker", "ps")  # TensorFlow's; the evaluator watches from outside
+
+
+class FrameworkRules:
+    """The default rules; each framework overrides what it must."""
+
+    name = "generic"
+    # The roles a pool may have; None: any role.
+    roles: frozenset[str] | None = None
+    # Spec defaults the framework implies, applied where the job spec does not set them:
+    # keys of `fault_tolerance`, and `success_policy`.
+    ft_defaults: ClassVar[Mapping[str, Any]] = {}
+    success_policy: str | None = None
+    backends: frozenset[str] = frozenset({"local", "ray"})
+    # Whether `allow_partial` makes sense: replicas whose results stand alone (shards).
+    partial_results = False
+
+    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
+        """The fault_tolerance defaults for a job of these pools (raw spec data)."""
+        return self.ft_defaults
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        """What is wrong with this job for this framework, one line each."""
+        out: list[str] = []
+        if spec.backend not in self.backends:
+            out.append(f"backend: framework {self.name} runs on the local backend only for now")
+        if self.roles is not None:
+            out += [
+                f"worker_pools: framework {self.name} has no role {p.role!r} "
+                f"(its roles: {', '.join(sorted(self.roles))})"
+                for p in spec.worker_pools
+                if p.role not in self.roles
+            ]
+        return out
+
+    def pools_for(self, command: list[str], replicas: int) -> list[dict[str, Any]]:
+        """The worker pools of `trainguard run --nproc-per-node N -- COMMAND`."""
+        return [{"role": "worker", "replicas": replicas, "command": command}]
+
+
+class PyTorchRules(FrameworkRules):
+    name = "pytorch"
+
+
+class TensorFlowRules(FrameworkRules):
+    name = "tensorflow"
+    roles = frozenset({*CLUSTER_ROLES, "evaluator"})
+    backends = frozenset({"local"})
+
+    def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
+        """Async with parameter servers (a worker restarted alone rejoins); sync without
+        (MultiWorkerMirroredStrategy: a worker restarted alone cannot join the others)."""
+        ps = any(isinstance(p, dict) and p.get("role") == "ps" for p in pools)
+        return {"execution_mode": "async" if ps else "sync"}
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        out = super().problems(spec)
+        if {p.role for p in spec.worker_pools} <= {"ps", "evaluator"}:
+            out.append("worker_pools: a tensorflow job needs a chief or a worker pool")
+        return out
+
+
+class MpiRules(FrameworkRules):
+    name = "mpi"
+    roles = frozenset({"launcher", "worker"})
+    ft_defaults: ClassVar[Mapping[str, Any]] = {"execution_mode": "sync"}
+    backends = frozenset({"local"})
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        out = super().problems(spec)
+        pools = {p.role: p.replicas for p in spec.worker_pools}
+        if pools.get("launcher") != 1:
+            out.append("worker_pools: an mpi job needs a launcher pool of 1 replica")
+        if "worker" not in pools:
+            out.append("worker_pools: an mpi job needs a worker pool (its ranks)")
+        if spec.fault_tolerance.execution_mode.value != "sync":
+            out.append(
+                "fault_tolerance.execution_mode: an mpi job is sync (a rank's death aborts "
+                "every rank)"
+            )
+        return out
+
+    def pools_for(self, command: list[str], replicas: int) -> list[dict[str, Any]]:
+        """`--framework mpi --nproc-per-node 4 -- python x.py`: mpirun runs 4 ranks of it."""
+        return [{"role": "launcher", "command": ["mpirun"]}, *super().pools_for(command, replicas)]
+
+
+class BatchRules(FrameworkRules):
+    name = "batch"
+    # The job-wide class budgets do not bind shards (one flaky shard must not spend the
+    # others' retries), so they default to unlimited.
+    ft_defaults: ClassVar[Mapping[str, Any]] = {
+        "execution_mode": "async",
+        "max_transient_restarts": "unlimited",
+        "max_internal_restarts": "unlimited",
+        "max_node_lost_restarts": "unlimited",
+    }
+    success_policy = "all"
+    partial_results = True
+
+
+RULES: dict[str, FrameworkRules] = {
+    r.name: r
+    for r in (PyTorchRules(), TensorFlowRules(), MpiRules(), BatchRules(), FrameworkRules())
+}

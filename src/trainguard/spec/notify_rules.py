@@ -1,0 +1,71 @@
+"""Notification rules as configuration: which events go to which sink (webhook, apprise,
+command). Sending is `trainguard.notify`; the spec and the server's config hold the rules."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainguard.states import JobState
+
+EventKind = Literal["state_change", "restart", "hang", "isolation", "custom_message"]
+EVENT_KINDS: tuple[str, ...] = ("state_change", "restart", "hang", "isolation", "custom_message")
+_JOB_STATES = tuple(s.value for s in JobState)
+
+
+class NotifyRule(BaseModel):
+    """Which events go to which sink, e.g. every FAILED state change to a webhook."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    events: list[EventKind] = Field(default_factory=lambda: list(EVENT_KINDS))  # type: ignore[arg-type]
+    # For state_change events: only these target states (default: every state).
+    states: list[str] | None = None
+    sink: Literal["webhook", "apprise", "command"]
+    url: str | None = None  # webhook URL, or an apprise URL
+    secret: str | None = None  # HMAC-SHA256 key for the webhook signature header
+    secret_env: str | None = None  # or the name of an environment variable that holds it
+    command: list[str] | None = None  # the command sink's program and arguments
+    timeout_s: float = Field(default=5.0, gt=0, le=120)
+    retries: int = Field(default=3, ge=0, le=20)
+    # The first retry waits this long, each next one twice as long (at most BACKOFF_CAP_S).
+    backoff_s: float = Field(default=0.5, gt=0, le=60)
+    dedupe_window_s: float = Field(default=60.0, ge=0)
+    rate_limit_per_min: int = Field(default=30, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_states(cls, data: Any) -> Any:
+        """Job states, in any case ("failed" means FAILED); a typo would silently match nothing."""
+        states = data.get("states") if isinstance(data, dict) else None
+        if not isinstance(states, list):
+            return data
+        for name in states:
+            if not isinstance(name, str) or name.strip().upper() not in _JOB_STATES:
+                raise ValueError(
+                    f"states: {name!r} is not a job state (one of {', '.join(_JOB_STATES)})"
+                )
+        return {**data, "states": [name.strip().upper() for name in states]}
+
+    @model_validator(mode="after")
+    def _sink_has_what_it_needs(self) -> NotifyRule:
+        if not self.events:
+            raise ValueError("events: a rule needs at least one event kind, got []")
+        if self.sink in ("webhook", "apprise") and not self.url:
+            article = "an" if self.sink == "apprise" else "a"
+            raise ValueError(f"url: {article} {self.sink} rule needs a url")
+        if self.sink == "webhook" and urlsplit(self.url or "").scheme not in ("http", "https"):
+            raise ValueError(
+                f"url: a webhook url must start with http:// or https://, got {self.url!r}"
+            )
+        if self.sink == "command" and (not self.command or not self.command[0]):
+            raise ValueError(
+                f"command: a command rule needs a program and its arguments, got {self.command!r}"
+            )
+        if self.secret and self.secret_env:
+            raise ValueError(
+                f"secret_env: set secret or secret_env, not both (got {self.secret_env!r})"
+            )
+        return self

@@ -1,0 +1,102 @@
+"""The fakes every logic test shares: a backend that starts nothing and a clock that moves
+only when told. The real backends are tested against real processes elsewhere; these
+drive the master's and the policy's logic step by step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trainguard.backends.api import (
+    BackendEvent,
+    Launch,
+    NoCapacity,
+    ReplicaExited,
+    ReplicaStarted,
+)
+from trainguard.hangs.snapshot import snapshot_all
+from trainguard.policy.classes import ExitEvidence
+
+
+class FakeClock:
+    """Seconds that pass only when a test says so (`advance`)."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+class FakeBackend:
+    """Starts nothing; reports what a test tells it, in the order it is told."""
+
+    preload_note: str | None = None
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.emit: Callable[[BackendEvent], None] = lambda _e: None
+        self.launches: list[Launch] = []
+        self.live: dict[str, Launch] = {}
+        self.stops: list[list[str]] = []
+        self.port = 40000
+        self.fail_start = fail_start
+        self.no_capacity: str | None = None  # rendezvous raises NoCapacity with this
+        self.signals: list[tuple[str, int]] = []  # what fault injection sent, in order
+        self.closed = False
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self.emit = emit
+
+    async def rendezvous(self) -> tuple[str, int]:
+        if self.no_capacity is not None:
+            raise NoCapacity(self.no_capacity)
+        self.port += 1
+        return "127.0.0.1", self.port
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        if self.fail_start:
+            raise RuntimeError("backend exploded")
+        for launch in launches:
+            self.launches.append(launch)
+            self.live[launch.replica] = launch
+            pid = 1000 + len(self.launches)
+            self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
+
+    def exit(
+        self, replica: str, returncode: int, stop_requested: bool = False, progressed: bool = True
+    ) -> None:
+        """`progressed`: the replica had trained (a crash mid-run, not in start-up)."""
+        launch = self.live.pop(replica)
+        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested, progressed=progressed)
+        self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        self.signals.append((replica, signum))
+        return replica in self.live
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        self.stops.append(list(replicas))
+        for name in replicas:
+            if name in self.live:
+                self.exit(name, -15, stop_requested=True)
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        return ()
+
+    async def snapshot(self, targets: Any, timeout_s: float, files: Any) -> list[Any]:
+        return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
+
+    def isolate_after(self, replica: str, c: Any) -> None:
+        return None
+
+    def last_output_s(self) -> float:
+        return 0.0
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.stop(list(self.live), 0)

@@ -1,0 +1,104 @@
+"""The package's layers (issue 15): each subpackage imports only from the layers below it.
+
+Every `import trainguard...` in `src/trainguard` counts, at module level or inside a
+function or an `if TYPE_CHECKING:` block alike, so a lazy import cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "trainguard"
+LAYERS: tuple[str | tuple[str, ...], ...] = (
+    ("errors", "states", "signals"),  # the vocabulary: exceptions, states, signal names
+    "spec",
+    "policy",
+    "frameworks",
+    "hangs",
+    "backends",
+    "notify",
+    "records",
+    "master",
+    "service",
+    "cli",
+)
+# Outside the layers: what training code imports (the SDK, the Ray Train helper) and the
+# entry points. They may import any layer; no layer imports them.
+ENTRY = frozenset({"sdk", "train", "__main__", "__init__"})
+
+
+def _layer(module: str) -> str:
+    """`trainguard.policy.classify` -> `policy`; `trainguard` -> `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _names(level: str | tuple[str, ...]) -> tuple[str, ...]:
+    return level if isinstance(level, tuple) else (level,)
+
+
+def _level(layer: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if layer in _names(names))
+
+
+def _ours(module: str) -> bool:
+    return module.split(".")[0] == "trainguard"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every trainguard import in the file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            out += [(node.lineno, n) for n in names[:1] if n.split(".")[0] == "trainguard"]
+        elif isinstance(node, ast.Import):
+            out += [
+                (node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "trainguard"
+            ]
+    return out
+
+
+def violations(src: Path = SRC) -> list[str]:
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src.parent).with_suffix("")
+        me = _layer(".".join(rel.parts))
+        if me in ENTRY:
+            continue
+        assert any(me in _names(n) for n in LAYERS), f"{path}: in no layer; add it to LAYERS"
+        for line, module in imports_of(path):
+            other = _layer(module)
+            if other == "__init__" and module == "trainguard":
+                continue  # the version string
+            if other in ENTRY or _level(other) > _level(me):
+                found.append(f"{path.relative_to(src.parent)}:{line}: {me} imports {module}")
+    return found
+
+
+def test_every_layer_imports_only_from_below() -> None:
+    assert violations() == []
+
+
+def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "trainguard"
+    (pkg / "policy").mkdir(parents=True)
+    (pkg / "policy" / "x.py").write_text(
+        "def f():\n    from trainguard.master.loop import Master\n"
+    )
+    (pkg / "master").mkdir()
+    (pkg / "master" / "loop.py").write_text("from trainguard.policy.x import f\n")
+    assert violations(pkg) == ["trainguard/policy/x.py:2: policy imports trainguard.master.loop"]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__")
+)
+def test_every_package_says_what_it_exports(name: str) -> None:
+    if name in ("web",):
+        return
+    init = SRC / name / "__init__.py"
+    assert init.is_file() and "__all__" in init.read_text(), init

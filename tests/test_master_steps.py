@@ -1,0 +1,256 @@
+"""The master loop driven one event at a time, asserting the `Transition` each turn returns:
+capacity, exit hang, hang, give-up, injection and internal-error paths (issue 15).
+
+Everything runs on the shared fake backend (tests/fakes.py); nothing starts a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from fakes import FakeBackend, FakeClock
+
+from trainguard.hangs.watch import HangDetected
+from trainguard.master.events import CapacityRetry, MasterEvent, Transition
+from trainguard.master.loop import Master
+from trainguard.policy.decisions import (
+    Expire,
+    FailJob,
+    GiveUpReplica,
+    Ignore,
+    RestartJob,
+    Succeed,
+    WaitForCapacity,
+)
+from trainguard.records.recorder import Recorder
+from trainguard.records.store import Store
+from trainguard.spec.models import validate_spec
+from trainguard.states import JobState
+
+
+def _master(
+    tmp_path: Path, backend: FakeBackend, clock: FakeClock | None = None, **spec: Any
+) -> tuple[Master, Store]:
+    data: dict[str, Any] = {
+        "name": "t",
+        "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
+        **spec,
+    }
+    job = validate_spec(data)
+    store = Store(tmp_path / "home")
+    rec = Recorder(store, "job-1")
+    rec.job_created(name="t", spec=job, log_dir=tmp_path / "logs", at_s=0.0, master={})
+    m = Master(
+        job_id="job-1",
+        spec=job,
+        backend=backend,
+        recorder=rec,
+        log_dir=tmp_path / "logs",
+        cwd=str(tmp_path),
+        clock=clock or time.time,
+    )
+    return m, store
+
+
+async def _turns(m: Master) -> list[Transition]:
+    """Every queued event through `step`, as the loop would; what each turn did."""
+    out = []
+    while not m._queue.empty():
+        out.append(await m.step(m._queue.get_nowait()))
+    return out
+
+
+def _decided(turns: list[Transition]) -> list[str]:
+    return [type(d).__name__ for t in turns for d in t.decisions]
+
+
+def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        be.no_capacity = "no node has 8 GPUs"
+        queue = {"wait_for_capacity": True, "capacity_retry_s": 0.01, "max_wait_s": 0.05}
+        m, store = _master(tmp_path, be, queue=queue)
+        await m.begin()
+        assert m.state is JobState.RESTARTING and be.launches == []
+        job = store.job("job-1")
+        assert "waiting for capacity" in str(job["queued_reason"])
+        turns: list[Transition] = []
+        for _ in range(200):  # CapacityRetry comes every 10 ms until max_wait_s is spent
+            await asyncio.sleep(0.01)
+            turns += await _turns(m)
+            if m.state.is_terminal:
+                break
+        assert m.state is JobState.EXPIRED  # type: ignore[comparison-overlap]
+        assert {"WaitForCapacity", "Expire"} <= set(_decided(turns))
+        last = turns[-1]
+        assert isinstance(last.decision, Expire)
+        assert (last.before, last.after) == (JobState.RESTARTING, JobState.EXPIRED)
+        assert store.job("job-1")["error_code"] == "EXPIRED"
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_start_without_capacity_fails_when_waiting_is_off(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        be.no_capacity = "no node has 8 GPUs"
+        m, store = _master(tmp_path, be)
+        await m.begin()
+        assert m.state is JobState.FAILED
+        assert store.job("job-1")["error_code"] == "CAPACITY"
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        be.no_capacity = "no capacity"
+        m, _ = _master(tmp_path, be, queue={"wait_for_capacity": True, "capacity_retry_s": 60})
+        await m.begin()
+        be.no_capacity = None
+        t = await m.step(CapacityRetry(m.attempt))
+        assert (t.before, t.decisions) == (JobState.RESTARTING, ())
+        assert len(be.launches) == 2
+        turns = await _turns(m)  # the two ReplicaStarted events
+        assert turns[-1].after is JobState.RUNNING
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_clean_exit_before_the_others_arms_the_exit_hang_timer(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = _master(
+            tmp_path,
+            be,
+            success_policy="all",
+            fault_tolerance={"job_exit_hang_interval": 0.5},
+        )
+        await m.begin()
+        await _turns(m)
+        for name in ("worker-0", "worker-1"):
+            m.hangs.alive(name)  # both printed: no start-up allowance is left to wait for
+        be.exit("worker-1", 0)
+        (t,) = await _turns(m)
+        assert isinstance(t.decision, Ignore) and t.after is JobState.RUNNING
+        assert m._exit_hang_timer is not None
+        await asyncio.sleep(0.6)  # worker-0 never follows: an exit hang
+        turns = await _turns(m)
+        decision = turns[0].decision
+        assert isinstance(decision, RestartJob), turns
+        assert "exit_hang" in decision.reason or "exit hang" in decision.reason.lower()
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_hang_restarts_the_job_and_a_second_at_the_same_point_fails_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        # 1 s after the fake replicas started: both hangs are in start-up, no step reached
+        m, _ = _master(tmp_path, be, FakeClock(2.0), fault_tolerance={"job_hang_interval": 1})
+        await m.begin()
+        await _turns(m)
+        m.hangs.alive("worker-0")
+        m.hangs.alive("worker-1")
+        first = await m.step(HangDetected("hang", m.attempt, 1.0, 1.5, "worker-1"))
+        assert isinstance(first.decision, RestartJob)
+        assert (first.before, first.after) == (JobState.RUNNING, JobState.RESTARTING)
+        await _turns(m)
+        m.hangs.alive("worker-0")
+        m.hangs.alive("worker-1")
+        second = await m.step(HangDetected("hang", m.attempt, 1.0, 1.5, "worker-1"))
+        assert isinstance(second.decision, FailJob)
+        assert "the same error" in second.decision.reason  # the history rule
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        pools = [{"role": "shard", "replicas": 2, "command": ["x"]}]
+        m, store = _master(
+            tmp_path,
+            be,
+            framework="batch",
+            worker_pools=pools,
+            allow_partial=True,
+            fault_tolerance={"max_replica_restarts": 0},
+        )
+        await m.begin()
+        await _turns(m)
+        be.exit("shard-1", 1)  # a bug: never retried
+        (t,) = await _turns(m)
+        assert isinstance(t.decision, GiveUpReplica) and t.after is JobState.RUNNING
+        be.exit("shard-0", 0)
+        turns = await _turns(m)
+        done = turns[-1].decision
+        assert isinstance(done, Succeed) and done.error_code == "PARTIAL"
+        assert m.state is JobState.SUCCEEDED
+        assert store.job("job-1")["error_code"] == "PARTIAL"
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_an_injected_signal_goes_through_the_backend(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = _master(tmp_path, be, fault_injection=["signal:worker-1:SIGSEGV@0.01s"])
+        await m.begin()
+        await _turns(m)  # RUNNING: the injection's clock starts
+        await asyncio.sleep(0.05)
+        assert be.signals == [("worker-1", signal.SIGSEGV)]
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_an_internal_error_restarts_within_its_budget_then_fails(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = _master(tmp_path, be, fault_tolerance={"max_internal_restarts": 1})
+        await m.begin()
+        await _turns(m)
+        assert await m._internal_error(RuntimeError("boom")) is True  # a new attempt next
+        assert m.state is JobState.RESTARTING
+        assert await m._internal_error(RuntimeError("boom again")) is False
+        assert m.state is JobState.FAILED  # type: ignore[comparison-overlap]
+        assert store.job("job-1")["error_code"] == "INTERNAL"
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_step_returns_no_decision_for_an_event_that_needs_none(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = _master(tmp_path, be)
+        await m.begin()
+        turns = await _turns(m)
+        assert [t.decisions for t in turns] == [(), ()]
+        assert (turns[0].before, turns[-1].after) == (JobState.PENDING, JobState.RUNNING)
+        events: list[MasterEvent] = []
+        assert events == []  # nothing else queued
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+# The decisions these tests name must stay values of the policy, not the master's.
+assert all(
+    cls.__module__ == "trainguard.policy.decisions"
+    for cls in (Expire, FailJob, GiveUpReplica, Ignore, RestartJob, Succeed, WaitForCapacity)
+)
