@@ -412,6 +412,11 @@ class Master:
 
     # -------------------------------------------------------------- exits
 
+    async def _stop_and_settle(self) -> None:
+        """Stop every live replica (TERM, grace, KILL), then record the exits it caused."""
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
+
     async def _settle(self) -> None:
         """Record the exits a stop produced before the job moves on; they decide nothing."""
         keep: list[MasterEvent] = []
@@ -503,8 +508,7 @@ class Master:
         A replica whose peer died often fails a moment later with a connection reset;
         whichever exit is seen first, the earliest non-cascade failure is the cause.
         """
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
-        await self._settle()
+        await self._stop_and_settle()
         root, _ = root_cause(self._attempt_failures)
         if root is trigger:
             return trigger, decision
@@ -635,8 +639,7 @@ class Master:
     ) -> None:
         self.hangs.disarm()
         self._cancel_exit_hang()
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
-        await self._settle()
+        await self._stop_and_settle()
         self.rec.attempt_ended(self.attempt, self.clock(), state.value, reason)
         self.outcome.error_code, self.outcome.error_message = error_code, error_message
         self._transition(state, reason, error_code=error_code, error_message=error_message)
@@ -645,8 +648,7 @@ class Master:
         record_id = self.ledger.restart(decision, failure, seen_s)
         self.hangs.disarm()
         self._tear_down(describe(decision))
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)  # usually done
-        await self._settle()
+        await self._stop_and_settle()  # usually all stopped already
         t0, t1 = self.ledger.decided_s, self.clock()
         self.rec.attempt_ended(
             self.attempt, t1, AttemptOutcome.RESTARTED, failure.classification.message
@@ -669,8 +671,7 @@ class Master:
             return
         self.hangs.disarm()
         self._tear_down(verdict.reason, queued_reason=verdict.reason)
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
-        await self._settle()
+        await self._stop_and_settle()
         if self.attempt >= 0:
             self.rec.attempt_ended(
                 self.attempt, self.clock(), AttemptOutcome.WAITING_FOR_CAPACITY, message
@@ -697,8 +698,7 @@ class Master:
             return
         self.hangs.disarm()
         self._transition(JobState.CANCELLING, ev.reason)
-        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
-        await self._settle()
+        await self._stop_and_settle()
         self.rec.attempt_ended(self.attempt, self.clock(), AttemptOutcome.CANCELLED, ev.reason)
         self._transition(JobState.CANCELLED, "every replica stopped")
 
