@@ -32,7 +32,8 @@ def test_commit_is_numbered_complete_and_verified(tmp_path: Path) -> None:
     assert [e.step for e in ck.entries(storage)] == [10, 20]
     assert not list(storage.glob(".incoming-*"))  # nothing half-written left behind
     assert ck.latest(storage) == storage / b
-    assert ck.commit_ms(storage, b) is not None
+    manifest = ck.manifest_of(storage, b)
+    assert manifest is not None and ck.commit_ms(manifest) is not None
 
 
 def test_a_corrupt_or_unloadable_checkpoint_is_skipped(tmp_path: Path) -> None:

@@ -158,12 +158,11 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
     """`--server`, else $TRAINGUARD_SERVER; for submit, else the server of this home."""
     from trainguard.cli.client import Client
 
+    home = home or default_home()
     url = getattr(args, "server", None)
     if url is None and args.cmd == "submit":
-        info = (home or default_home()) / "server.json"
-        if info.is_file():
-            url = json.loads(info.read_text())["url"]
-        else:
+        url = _home_server_url(home)
+        if url is None:
             raise SpecError(
                 [
                     "submit: no server: give --server URL or set TRAINGUARD_SERVER "
@@ -172,7 +171,17 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
             )
     if not url:
         return None
-    return Client(url, _token(args) or _home_token_for(url, home or default_home()))
+    return Client(url, _token(args) or _home_token_for(url, home))
+
+
+def _home_server_url(home: Path) -> str | None:
+    """The URL the server of this home wrote in server.json, if one runs."""
+    try:
+        written = json.loads((home / "server.json").read_text())
+    except (OSError, ValueError):
+        return None
+    url = written.get("url") if isinstance(written, dict) else None
+    return url if isinstance(url, str) else None
 
 
 def _home_token_for(url: str, home: Path) -> str | None:
@@ -184,17 +193,12 @@ def _home_token_for(url: str, home: Path) -> str | None:
 
     if os.environ.get("TRAINGUARD_TOKEN"):
         return None  # the environment's token wins, as before
-    info = home / "server.json"
-    try:
-        written = json.loads(info.read_text()) if info.is_file() else {}
-        same = isinstance(written, dict) and written.get("url") == url
-    except (OSError, ValueError):
-        same = False
     try:
         host = urlsplit(url).hostname or ""
     except ValueError:
         return None
-    return home_token(home) if same or is_loopback(host) else None
+    ours = url == _home_server_url(home) or is_loopback(host)
+    return home_token(home) if ours else None
 
 
 def _token(args: argparse.Namespace) -> str | None:

@@ -14,6 +14,7 @@ from trainguard.records.checkpoints import (
     commit_ms,
     entries,
     is_url,
+    manifest_of,
 )
 from trainguard.records.recorder import Recorder
 from trainguard.spec.models import CheckpointPolicy
@@ -54,13 +55,14 @@ class CheckpointKeeper:
         self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
     ) -> None:
         """sdk.report: the job's progress; a new checkpoint triggers retention."""
-        if checkpoint is not None and checkpoint not in {e.name for e in entries(self.storage)}:
+        manifest = manifest_of(self.storage, checkpoint) if checkpoint is not None else None
+        if checkpoint is not None and manifest is None:
             raise CallRefused(
                 f"checkpoint: {checkpoint} is not a committed checkpoint of this job's storage"
             )
         now = self.clock()
         self.rec.progress(now, step, metrics)
-        cost = commit_ms(self.storage, checkpoint) if checkpoint else None
+        cost = commit_ms(manifest) if manifest is not None else None
         if step is not None and (step > self._best_step or checkpoint):
             self._best_step = max(self._best_step, step)
             self.rec.step(self.attempt, step, now, checkpoint, cost)

@@ -207,10 +207,14 @@ def commit(
             return name
 
 
-def commit_ms(storage: Storage, name: str) -> float | None:
-    """How long preparing this checkpoint took (hashing), from its manifest."""
-    manifest = _manifest(_store(storage), name)
-    value = manifest.get("commit_ms") if manifest else None
+def manifest_of(storage: Storage, name: str) -> dict[str, Any] | None:
+    """The manifest of a committed checkpoint; None if there is no such checkpoint."""
+    return _manifest(_store(storage), name) if _NAME.match(name) else None
+
+
+def commit_ms(manifest: dict[str, Any]) -> float | None:
+    """How long preparing a checkpoint took (hashing), from its manifest."""
+    value = manifest.get("commit_ms")
     return float(value) if isinstance(value, int | float) else None
 
 
