@@ -3,4 +3,14 @@ events, the ledger of what happened, fault injection, checkpoint keeping, the re
 channel, and the runner that wires a job to a backend and a store.
 """
 
-__all__ = ["events", "inbox", "inject", "keeper", "ledger", "loop", "runner", "sdk_channel"]
+__all__ = [
+    "events",
+    "inbox",
+    "inject",
+    "keeper",
+    "launch",
+    "ledger",
+    "loop",
+    "runner",
+    "sdk_channel",
+]

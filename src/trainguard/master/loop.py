@@ -26,12 +26,10 @@ from trainguard.backends.api import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
-from trainguard.backends.net import free_port
-from trainguard.frameworks import EnvContext, Roster, preset
+from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import (
     plan_replicas,
     primary_replica,
-    replica_env,
 )
 from trainguard.hangs.diagnose import diagnose
 from trainguard.hangs.watch import HangDetected, HangWatch
@@ -47,6 +45,7 @@ from trainguard.master.events import (
 from trainguard.master.inbox import Inbox
 from trainguard.master.inject import FaultInjector, kill_this_master
 from trainguard.master.keeper import CheckpointKeeper
+from trainguard.master.launch import LaunchBuilder
 from trainguard.master.ledger import Ledger
 from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.policy.budgets import Budgets, Failure
@@ -119,10 +118,11 @@ class Master:
         plans = plan_replicas(spec)
         self.replicas = {p.name: ReplicaSlot(p) for p in plans}
         self.primary = primary_replica(plans)
-        self._plans = tuple(plans)
         self.preset = preset(spec.framework)
         self.roles = self.preset.role_policy(spec)
-        self._roster: Roster | None = None  # built at the first launch
+        self.launches = LaunchBuilder(
+            job_id, self.preset, tuple(plans), log_dir, cwd, self.ft.max_num_of_job_restart
+        )
         self._given_up: dict[str, str] = {}  # replica -> why (batch shards, evaluators)
         self.state = JobState.PENDING
         self.attempt = -1
@@ -257,46 +257,15 @@ class Master:
     # -------------------------------------------------------------- attempts
 
     def _launch(self, rep: ReplicaSlot) -> Launch:
-        addr, port = self._rendezvous
-        plan = rep.plan
-        log_path = self._log_path(self.attempt, plan.name, rep.restarts)
-        if self._roster is None:
-            # Task addresses are stable for the job's life: a replica restarted alone
-            # rejoins the same cluster.
-            tasks = (
-                {n: f"{addr}:{free_port(addr)}" for n in self.replicas}
-                if self.preset.task_addresses
-                else {}
-            )
-            self._roster = Roster(self._plans, tasks)
-        ctx = EnvContext(
-            plan=plan,
-            roster=self._roster,
-            job_id=self.job_id,
-            master_addr=addr,
-            master_port=port,
-            restart_count=self.attempt + rep.restarts,
-            max_restarts=self.ft.max_num_of_job_restart,
-        )
-        sdk_env = {
+        channel = {
             "TRAINGUARD_MASTER_URL": self.sdk.url,
             "TRAINGUARD_TOKEN": self.sdk.token,
             "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
-            "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
         }
-        env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
-        devices = self.gpus.visible_devices(plan.name)
-        if devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = devices
-        return Launch(
-            attempt=self.attempt,
-            replica=plan.name,
-            rank=plan.rank,
-            restart=rep.restarts,
-            argv=plan.argv,
-            env=env,
-            cwd=self.cwd,
-            log_path=log_path,
+        name = rep.plan.name
+        devices = self.gpus.visible_devices(name)
+        return self.launches.build(
+            rep.plan, self.attempt, rep.restarts, self._rendezvous, channel, devices
         )
 
     async def _start_attempt(self) -> None:
@@ -337,11 +306,6 @@ class Master:
         if note and self.attempt == 0:
             self.say(note)
 
-    def _log_path(self, attempt: int, replica: str, restart: int) -> Path:
-        """One file per replica per attempt; a replica restarted alone gets `.rN`."""
-        suffix = f".r{restart}" if restart else ""
-        return self.log_dir / f"attempt-{attempt}" / f"{replica}{suffix}.log"
-
     def _current(self, attempt: int, replica: str, restart: int) -> ReplicaSlot | None:
         rep = self.replicas.get(replica)
         if rep is None or attempt != self.attempt or restart != rep.restarts:
@@ -350,7 +314,7 @@ class Master:
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
-        log_path = self._log_path(ev.attempt, ev.replica, ev.restart)
+        log_path = self.launches.log_path(ev.attempt, ev.replica, ev.restart)
         run_id = self.rec.run_started(
             attempt=ev.attempt,
             replica=ev.replica,
@@ -564,7 +528,7 @@ class Master:
             rank=self.replicas[ev.replica].plan.rank,
             restart=ev.restart,
             pid=None,
-            log_path=self._log_path(ev.attempt, ev.replica, ev.restart),
+            log_path=self.launches.log_path(ev.attempt, ev.replica, ev.restart),
             at_s=ev.time_s,
         )
 
@@ -720,7 +684,7 @@ class Master:
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
         self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
         files = {
-            n: self._log_path(self.attempt, n, r.restarts).with_suffix(".stacks.txt")
+            n: self.launches.log_path(self.attempt, n, r.restarts).with_suffix(".stacks.txt")
             for n, r in live.items()
             if n in self.inbox.faulthandler
         }

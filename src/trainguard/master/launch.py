@@ -1,0 +1,80 @@
+"""What the master hands the backend to start one replica: its command, its environment
+(the framework's, the SDK channel's, its GPUs), its working folder and its log file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.backends.api import Launch
+from trainguard.backends.net import free_port
+from trainguard.frameworks import EnvContext, Preset, Roster
+from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
+
+
+@dataclass
+class LaunchBuilder:
+    """One per job: the job-wide part (the roster) is built once, at the first launch."""
+
+    job_id: str
+    preset: Preset
+    plans: tuple[ReplicaPlan, ...]
+    log_dir: Path
+    cwd: str
+    max_restarts: int | str
+    roster: Roster | None = field(default=None, init=False)
+
+    def log_path(self, attempt: int, replica: str, restart: int) -> Path:
+        """One file per replica per attempt; a replica restarted alone gets `.rN`."""
+        suffix = f".r{restart}" if restart else ""
+        return self.log_dir / f"attempt-{attempt}" / f"{replica}{suffix}.log"
+
+    def build(
+        self,
+        plan: ReplicaPlan,
+        attempt: int,
+        restart: int,
+        rendezvous: tuple[str, int],
+        channel: Mapping[str, str],
+        devices: str | None,
+    ) -> Launch:
+        """`channel`: the SDK's variables for this job (master URL, token, checkpoints)."""
+        addr, port = rendezvous
+        if self.roster is None:
+            # Task addresses are stable for the job's life: a replica restarted alone
+            # rejoins the same cluster.
+            tasks = (
+                {p.name: f"{addr}:{free_port(addr)}" for p in self.plans}
+                if self.preset.task_addresses
+                else {}
+            )
+            self.roster = Roster(self.plans, tasks)
+        log_path = self.log_path(attempt, plan.name, restart)
+        ctx = EnvContext(
+            plan=plan,
+            roster=self.roster,
+            job_id=self.job_id,
+            master_addr=addr,
+            master_port=port,
+            restart_count=attempt + restart,
+            max_restarts=self.max_restarts,
+        )
+        sdk_env = {
+            **channel,
+            "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
+        }
+        env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
+        return Launch(
+            attempt=attempt,
+            replica=plan.name,
+            rank=plan.rank,
+            restart=restart,
+            argv=plan.argv,
+            env=env,
+            cwd=self.cwd,
+            log_path=log_path,
+        )
