@@ -29,6 +29,7 @@ from trainguard.policy.classify import classify_exit
 
 CORPUS = Path(__file__).parent / "corpus_real"
 TEST_SHARE = 30  # percent of threads in the test part
+CONFIDENT = 0.7  # a decision at this confidence or more is one the classifier is sure of
 FIELDS = frozenset({"id", "url", "exit_code", "category", "retryable", "note", "log"})
 CATEGORIES = frozenset(
     {
@@ -134,13 +135,16 @@ class Score:
     missed: float  # of the retryable failures, called permanent
     uncertain: int
     wasted_sure: float  # of the permanent failures, called retryable and not uncertain
+    confident: int = 0  # decisions made with confidence >= CONFIDENT
+    confident_wrong: int = 0
 
     def line(self, name: str) -> str:
         return (
             f"{name}: {self.cases} cases ({self.retryable} retryable); accuracy "
             f"{self.accuracy:.1%}, wasted retries {self.wasted:.1%} "
             f"({self.wasted_sure:.1%} beyond one uncertain retry), missed retries "
-            f"{self.missed:.1%}; {self.uncertain} uncertain"
+            f"{self.missed:.1%}; {self.uncertain} uncertain; of the {self.confident} decided "
+            f"with confidence >= {CONFIDENT:g}, {self.confident_wrong} wrong"
         )
 
 
@@ -157,6 +161,10 @@ def score(results: list[tuple[Case, Classification]]) -> Score:
         uncertain=sum(c.uncertain for _, c in results),
         wasted_sure=sum(c.retryable and not c.uncertain for _, c in permanent)
         / max(1, len(permanent)),
+        confident=sum(c.confidence >= CONFIDENT for _, c in results),
+        confident_wrong=sum(
+            c.confidence >= CONFIDENT and k.retryable != c.retryable for k, c in results
+        ),
     )
 
 
