@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from corpus_real_eval import Case, classify_case, load
+from corpus_real_eval import Case, by_rules, load
 
 from trainguard.policy.fingerprint import normalise
 from trainguard.policy.logtail import clean
@@ -60,7 +60,7 @@ def neighbours(cases: list[Case], k: int) -> dict[str, list[tuple[float, bool]]]
 
 def main() -> None:
     cases = [c for c in load() if c.split == "dev"]
-    rules = {c.id: classify_case(c) for c in cases}
+    rules = {c.id: by_rules(c) for c in cases}
     near = neighbours(cases, 7)
     permanent = sum(not c.retryable for c in cases)
 

@@ -9,14 +9,20 @@ tuned by reading development cases only:
     .venv/bin/python tests/corpus_real_eval.py            # the development part's numbers
     .venv/bin/python tests/corpus_real_eval.py --wrong    # ... and its misses
     .venv/bin/python tests/corpus_real_eval.py --test     # the test part's numbers too
+    .venv/bin/python tests/corpus_real_eval.py --train    # retrain the shipped model
 
-The test part's cases are never printed by this script, and its numbers only on request.
+The classifier is the rules plus a learned model (trainguard.policy.learned) trained on
+the development part only. Its development number is cross-validated: each case is judged
+by a model trained on the other folds' threads, never on its own. The test part is judged
+by the shipped model. The test part's cases are never printed by this script, and its
+numbers only on request.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -24,11 +30,14 @@ from pathlib import Path
 
 import yaml
 
+from trainguard.policy import learned
 from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.policy.classify import classify_exit
+from trainguard.policy.classify import classify_by_rules
 
 CORPUS = Path(__file__).parent / "corpus_real"
 TEST_SHARE = 30  # percent of threads in the test part
+FOLDS = 5  # cross-validation of the development part, by thread
+MODEL = Path(__file__).parent.parent / "src/trainguard/policy" / learned.MODEL_FILE
 CONFIDENT = 0.7  # a decision at this confidence or more is one the classifier is sure of
 FIELDS = frozenset({"id", "url", "exit_code", "category", "retryable", "note", "log"})
 CATEGORIES = frozenset(
@@ -74,6 +83,11 @@ class Case:
         return "test" if int.from_bytes(digest[:4], "big") % 100 < TEST_SHARE else "dev"
 
     @property
+    def fold(self) -> int:
+        digest = hashlib.sha256(f"fold:{self.url}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") % FOLDS
+
+    @property
     def doubtful(self) -> bool:
         return "doubtful" in self.note.lower()
 
@@ -114,16 +128,42 @@ def load(corpus: Path = CORPUS) -> list[Case]:
     return out
 
 
-def classify_case(case: Case) -> Classification:
-    """The classifier as the master runs it: the exit status and the log tail.
+def by_rules(case: Case) -> Classification:
+    """The rules as the master runs them: the exit status and the log tail.
 
     A log that shows no exit status is taken as a launcher's exit 1 (what torchrun,
     DeepSpeed's and Accelerate's launchers and a Python traceback all end in).
     """
     code = 1 if case.exit_code is None else case.exit_code
-    c = classify_exit(ExitEvidence("worker-0", code, log_tail=case.log))
+    c = classify_by_rules(ExitEvidence("worker-0", code, log_tail=case.log))
     assert c.failure_class is not None
     return c
+
+
+def example(case: Case) -> learned.Example:
+    return learned.Example(
+        case.log, by_rules(case), case.retryable, case.id, case.url, case.category
+    )
+
+
+def digest(cases: list[Case]) -> str:
+    """What a model was trained on: the development cases, labels and logs."""
+    h = hashlib.sha256()
+    for c in sorted(cases, key=lambda c: c.id):
+        if c.split == "dev":
+            h.update(repr((c.id, c.url, c.retryable, c.category, c.log)).encode())
+    return h.hexdigest()[:16]
+
+
+def train(cases: list[Case]) -> learned.Model:
+    """The shipped model: trained on every development case, never a test one."""
+    dev = [example(c) for c in cases if c.split == "dev"]
+    return learned.train(dev, trained_on=digest(cases))
+
+
+def classify_case(case: Case, model: learned.Model | None = None) -> Classification:
+    """The classifier as the master runs it: the rules, then the model where unsure."""
+    return learned.reconsider(by_rules(case), case.log, model or learned.default())
 
 
 @dataclass(frozen=True)
@@ -168,10 +208,25 @@ def score(results: list[tuple[Case, Classification]]) -> Score:
     )
 
 
-def evaluate(cases: list[Case]) -> dict[str, list[tuple[Case, Classification]]]:
+def evaluate(
+    cases: list[Case], rules_only: bool = False
+) -> dict[str, list[tuple[Case, Classification]]]:
+    """Each part judged: development cases by a model of the other folds, test cases by
+    the shipped model (or both by the rules alone)."""
     parts: dict[str, list[tuple[Case, Classification]]] = {"dev": [], "test": []}
+    dev = [c for c in cases if c.split == "dev"]
+    models: dict[int, learned.Model] = {}
+    if not rules_only:
+        for f in range(FOLDS):
+            models[f] = learned.train([example(c) for c in dev if c.fold != f])
     for case in cases:
-        parts[case.split].append((case, classify_case(case)))
+        if rules_only:
+            c = by_rules(case)
+        elif case.split == "dev":
+            c = classify_case(case, models[case.fold])
+        else:
+            c = classify_case(case)
+        parts[case.split].append((case, c))
     return parts
 
 
@@ -180,12 +235,18 @@ def main() -> None:
     p.add_argument("--wrong", action="store_true", help="list the development part's misses")
     p.add_argument("--category", help="only this category's misses")
     p.add_argument("--test", action="store_true", help="also score the test part")
+    p.add_argument("--rules", action="store_true", help="the rules alone, without the model")
+    p.add_argument("--train", action="store_true", help="retrain the shipped model and exit")
     args = p.parse_args()
     cases = load()
-    parts = evaluate(cases)
+    if args.train:
+        MODEL.write_text(json.dumps(learned.to_dict(train(cases)), indent=0) + "\n")
+        print(f"wrote {MODEL} ({MODEL.stat().st_size} bytes)")
+        return
+    parts = evaluate(cases, rules_only=args.rules)
     print(f"{len(cases)} cases, {sum(c.retryable for c in cases)} retryable")
     for name in ("dev", "test") if args.test else ("dev",):
-        print(score(parts[name]).line(name))
+        print(score(parts[name]).line(name + (" (rules alone)" if args.rules else "")))
     print("dev by category:", dict(Counter(k.category for k, _ in parts["dev"])))
     if args.wrong:
         for case, c in parts["dev"]:

@@ -16,10 +16,16 @@ from corpus_real_eval import Case, evaluate, load, score
 
 from trainguard.policy.classes import Classification
 
-# Measured (tests/corpus_real_eval.py --test) on 807 cases: dev 73.9% / 28.6% / 22.4%,
-# test 66.5% / 36.2% / 29.5% (accuracy / wasted / missed); the floors are those less about
-# 3 points. The issue's targets (test accuracy >= 0.90, wasted and missed <= 10%) are not met.
+# Measured (tests/corpus_real_eval.py --test) on 807 cases, accuracy / wasted / missed:
+# the rules with the learned model: dev (cross-validated) 80.1% / 16.2% / 25.4%, test
+# 72.5% / 25.4% / 30.5%; the rules alone (--rules): dev 73.9% / 28.6% / 22.4%, test 66.5% /
+# 36.2% / 29.5%. The floors are those less about 3 points. The issue's targets (test
+# accuracy >= 0.90, wasted and missed <= 10%) are not met.
 FLOORS = {
+    "dev": {"accuracy": 0.77, "wasted": 0.19, "missed": 0.29},
+    "test": {"accuracy": 0.69, "wasted": 0.29, "missed": 0.34},
+}
+RULES_FLOORS = {
     "dev": {"accuracy": 0.71, "wasted": 0.31, "missed": 0.25},
     "test": {"accuracy": 0.63, "wasted": 0.39, "missed": 0.33},
 }
@@ -30,9 +36,17 @@ def cases() -> list[Case]:
     return load()
 
 
+Parts = dict[str, list[tuple[Case, Classification]]]
+
+
 @pytest.fixture(scope="module")
-def parts(cases: list[Case]) -> dict[str, list[tuple[Case, Classification]]]:
+def parts(cases: list[Case]) -> Parts:
     return evaluate(cases)
+
+
+@pytest.fixture(scope="module")
+def rules_parts(cases: list[Case]) -> Parts:
+    return evaluate(cases, rules_only=True)
 
 
 def test_the_corpus_is_real_large_varied_and_split_once(cases: list[Case]) -> None:
@@ -50,9 +64,7 @@ def test_the_corpus_is_real_large_varied_and_split_once(cases: list[Case]) -> No
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
-def test_retry_decisions_on_real_logs(
-    parts: dict[str, list[tuple[Case, Classification]]], part: str
-) -> None:
+def test_retry_decisions_on_real_logs(parts: Parts, part: str) -> None:
     s = score(parts[part])
     print("\n" + s.line(part))
     if part == "dev":  # the test part stays a number: nothing to tune against
@@ -63,6 +75,17 @@ def test_retry_decisions_on_real_logs(
         )
         print(f"  misses by category: {dict(sorted(wrong.items()))}")
     floor = FLOORS[part]
+    assert s.accuracy >= floor["accuracy"]
+    assert s.wasted <= floor["wasted"]
+    assert s.missed <= floor["missed"]
+
+
+@pytest.mark.parametrize("part", ["dev", "test"])
+def test_the_rules_alone_hold_their_own_floor(rules_parts: Parts, part: str) -> None:
+    """The model seconds the rules; it must not become the reason they can decay."""
+    s = score(rules_parts[part])
+    print("\n" + s.line(part + " (rules alone)"))
+    floor = RULES_FLOORS[part]
     assert s.accuracy >= floor["accuracy"]
     assert s.wasted <= floor["wasted"]
     assert s.missed <= floor["missed"]

@@ -2,7 +2,8 @@
 
 Pure table tests over `decide_failure` and `Budgets.after`: the same fingerprint at the
 same progress point in two attempts ends the job whatever its class; an uncertain
-retryable failure is retried once.
+retryable failure is retried once. Failures are classified by the rules alone: the
+history rule holds whatever the classifier says.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
+from trainguard.policy.classify import classify_by_rules
 from trainguard.policy.decisions import (
     STARTUP_WINDOW_S,
     FailJob,
@@ -41,7 +42,8 @@ def _failure(
     restart: int = 0,
     progressed: bool | None = True,
 ) -> Failure:
-    c = classify_exit(ExitEvidence("worker-1", returncode, log_tail=tail, progressed=progressed))
+    ev = ExitEvidence("worker-1", returncode, log_tail=tail, progressed=progressed)
+    c = classify_by_rules(ev)
     return Failure(
         "worker-1",
         "worker",

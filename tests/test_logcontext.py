@@ -1,11 +1,15 @@
-"""What a log tail says around its error: phase, step, wrappers, collectives, crash causes."""
+"""What a log tail says around its error: phase, step, wrappers, collectives, crash causes.
+
+The rules' reading alone (`classify_by_rules`): the learned model's second opinion on
+the uncertain ones is tested in tests/test_learned.py.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit, failed_before_stop
+from trainguard.policy.classify import classify_by_rules, failed_before_stop
 from trainguard.policy.logcontext import (
     Phase,
     child_signal,
@@ -107,7 +111,7 @@ CHILD_THEN_WRAPPER = (
 def test_the_root_exception_is_inside_the_launchers_wrapper() -> None:
     block = root_exception_block(CHILD_THEN_WRAPPER)
     assert block is not None and block[2][0] == "KeyError: 'lr'"
-    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=CHILD_THEN_WRAPPER))
+    c = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=CHILD_THEN_WRAPPER))
     assert (c.failure_class, c.rule, c.retryable) == (FailureClass.USER_ERROR, "python-bug", False)
 
 
@@ -141,7 +145,7 @@ def test_ranks_in_different_collectives_at_one_sequence_number_are_a_bug() -> No
     ]
     why = collective_mismatch(lines)
     assert why is not None and "ALLREDUCE and ALLGATHER" in why
-    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=tuple(lines), progressed=True))
+    c = classify_by_rules(ExitEvidence("worker-0", -6, log_tail=tuple(lines), progressed=True))
     assert (c.rule, c.retryable) == ("collective-mismatch", False)
 
 
@@ -167,7 +171,7 @@ def test_a_timeout_in_the_first_collectives_is_retried_once() -> None:
         "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
         "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds"
     )
-    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=(line,)))
+    c = classify_by_rules(ExitEvidence("worker-0", -6, log_tail=(line,)))
     assert c.retryable and c.uncertain
     assert any("first collectives" in n for n in c.notes)
 
@@ -190,7 +194,7 @@ def test_a_timeout_in_the_first_collectives_is_retried_once() -> None:
 )
 def test_a_crash_with_a_cause_in_the_log_is_the_jobs(lines: list[str], user_error: bool) -> None:
     assert (crash_cause(lines) is not None) is user_error
-    c = classify_exit(ExitEvidence("worker-0", -6, log_tail=(*lines, "Aborted (core dumped)")))
+    c = classify_by_rules(ExitEvidence("worker-0", -6, log_tail=(*lines, "Aborted (core dumped)")))
     assert c.retryable is not user_error
 
 
@@ -202,26 +206,26 @@ def test_a_cuda_oom_with_the_memory_held_by_another_process_is_retryable() -> No
     )
     own = held.replace("86.00 MiB reserved", "7.50 GiB reserved")
     assert gpu_held_elsewhere([held]) is not None and gpu_held_elsewhere([own]) is None
-    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=(held,)))
+    c = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=(held,)))
     assert (c.failure_class, c.retryable) == (FailureClass.CAPACITY, True)
-    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=(own,)))
+    c = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=(own,)))
     assert (c.failure_class, c.retryable) == (FailureClass.DEVICE_OOM, False)
 
 
 def test_a_cuda_kernel_failure_reads_by_phase() -> None:
     line = "RuntimeError: CUDA error: an illegal memory access was encountered"
-    trained = classify_exit(ExitEvidence("w", 1, log_tail=("step 900 loss 1.2", line)))
-    fresh = classify_exit(ExitEvidence("w", 1, log_tail=(line,)))
+    trained = classify_by_rules(ExitEvidence("w", 1, log_tail=("step 900 loss 1.2", line)))
+    fresh = classify_by_rules(ExitEvidence("w", 1, log_tail=(line,)))
     assert (trained.retryable, trained.hardware, trained.phase) == (True, True, "training")
     assert (fresh.retryable, fresh.rule) == (False, "cuda-launch-failure-untrained")
     assert fresh.uncertain
 
 
 def test_a_shell_killed_sigkill_is_read_as_the_oom_killer() -> None:
-    c = classify_exit(ExitEvidence("w", 1, log_tail=("step 3 loss 1", "Killed")))
+    c = classify_by_rules(ExitEvidence("w", 1, log_tail=("step 3 loss 1", "Killed")))
     assert (c.failure_class, c.retryable) == (FailureClass.HOST_OOM, False)
     # without the shell's word it is a kill from outside
-    c = classify_exit(ExitEvidence("w", -9))
+    c = classify_by_rules(ExitEvidence("w", -9))
     assert (c.failure_class, c.retryable) == (FailureClass.PREEMPTION, True)
 
 
@@ -230,7 +234,7 @@ def test_a_peer_reset_defers_to_a_cause_elsewhere_in_the_tail() -> None:
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
         "NCCL WARN Net : Call to recv from 10.0.0.2<4312> failed : Connection reset by peer",
     )
-    c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
+    c = classify_by_rules(ExitEvidence("w", 1, log_tail=lines))
     assert c.failure_class is FailureClass.DEVICE_OOM
 
 
@@ -242,7 +246,7 @@ def test_a_timeout_right_after_a_save_is_retried_once() -> None:
         "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600011 ms",
     )
     assert solo_work_before_timeout(lines) == "Saving model checkpoint to out/checkpoint-900"
-    c = classify_exit(ExitEvidence("w", 1, log_tail=lines))
+    c = classify_by_rules(ExitEvidence("w", 1, log_tail=lines))
     assert c.retryable and c.uncertain
     assert solo_work_before_timeout(lines[::2]) is None
 

@@ -12,7 +12,9 @@ fingerprint for counting "the same error". The evidence is weighed in this order
    traceback, then on the lines from that traceback on (the whole tail if none),
    newest first. A death by signal is not explained by a bug the log mentions;
 5. the exit code: SIGSEGV/SIGABRT are transient, SIGKILL/SIGTERM from outside are
-   preemption, anything else is a user error (a traceback names it).
+   preemption, anything else is a user error (a traceback names it);
+6. where the rules are unsure (confidence under 0.7), a small learned model of real
+   logs reads the tail as a second opinion; a retry it grants is granted once.
 """
 
 from __future__ import annotations
@@ -30,13 +32,20 @@ from trainguard.policy.classes import (
 )
 from trainguard.policy.evidence import weigh
 from trainguard.policy.fingerprint import fingerprint
+from trainguard.policy.learned import reconsider
 from trainguard.policy.logcontext import phase_of
 from trainguard.policy.logtail import exception_block
 from trainguard.signals import decode_returncode, signal_name
 
 
 def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
-    """Classify one exit from its evidence alone."""
+    """Classify one exit from its evidence alone: the rules, then, where they are unsure,
+    the learned model's reading of the log (`trainguard.policy.learned`)."""
+    return reconsider(classify_by_rules(ev, rules), ev.log_tail)
+
+
+def classify_by_rules(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
+    """The rules' classification alone (what the learned model is trained to second)."""
     # A lost node is never the master's doing, even when a stop was on its way to it.
     if ev.node_lost is not None:
         return Classification(

@@ -141,7 +141,9 @@ def print_classification(c: Classification, as_json: bool) -> None:
         return
     for key in ("failure_class", "retryable", "rule", "matched_line", "fingerprint", "message"):
         print(f"{key:<14} {data[key]}")
-    sure = " (uncertain: retried at most once)" if c.uncertain else ""
+    sure = ""
+    if c.uncertain:
+        sure = " (uncertain: retried at most once)" if c.retryable else " (uncertain)"
     print(f"{'confidence':<14} {c.confidence:.2f}{sure}")
     print(f"{'phase':<14} {c.phase}")
     for note in c.notes:
