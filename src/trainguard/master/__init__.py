@@ -1,10 +1,16 @@
-"""The master of one job: the loop that executes the policy"s decisions, its inbox of replica
-events, the ledger of what happened, fault injection, checkpoint keeping, the replicas" SDK
-channel, and the runner that wires a job to a backend and a store.
+"""The master of one job: the loop that executes the policy's decisions (`loop`, over the
+shared state in `core` and its handlers for attempts, exits, hangs and faults), its inbox
+of replica events, the ledger of what happened, fault injection, checkpoint keeping, the
+replicas' SDK channel, and the runner that wires a job to a backend and a store.
 """
 
 __all__ = [
+    "attempts",
+    "core",
     "events",
+    "exits",
+    "faults",
+    "hang_response",
     "inbox",
     "inject",
     "keeper",

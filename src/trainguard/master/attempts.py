@@ -1,0 +1,151 @@
+"""Starting attempts and replicas, restarting them, and waiting for capacity."""
+
+from __future__ import annotations
+
+import asyncio
+
+from trainguard.backends.api import (
+    NoCapacity,
+    ReplicaFirstOutput,
+    ReplicaStarted,
+)
+from trainguard.master.core import MasterCore
+from trainguard.master.events import (
+    CapacityRetry,
+    PendingRestart,
+)
+from trainguard.policy.budgets import Failure
+from trainguard.policy.decisions import (
+    Expire,
+    RestartJob,
+    RestartReplica,
+    describe,
+)
+from trainguard.policy.gpus import NotEnoughGpus
+from trainguard.policy.verdicts import (
+    decide_capacity_wait,
+    decide_no_capacity,
+)
+from trainguard.states import AttemptOutcome, ReplicaState
+
+_LAUNCH_BATCH = 256  # replica environments built between two turns of the event loop
+
+
+class Attempts(MasterCore):
+    """Attempts begin here: GPUs and rendezvous first, then every replica's launch."""
+
+    async def _start_attempt(self) -> None:
+        if self.attempt < 0:
+            self.keeper.seed()
+        try:
+            self.gpus.assign()
+            self._rendezvous = await self.backend.rendezvous()
+        except (NotEnoughGpus, NoCapacity) as exc:
+            gpus = isinstance(exc, NotEnoughGpus)
+            reason = f"not enough GPUs: {exc}" if gpus else str(exc)
+            await self._apply(decide_no_capacity(reason, str(exc), self.spec.queue), None, 0.0)
+            return
+        self._cancel_exit_hang()
+        self.hangs.disarm()
+        self.faults.disarm()
+        self.ledger.injected = {}
+        self.attempt += 1
+        self._given_up = {}
+        self.keeper.new_attempt(self.attempt)
+        addr, port = self._rendezvous
+        self._attempt_started_s = self.clock()
+        self.rec.attempt_started(self.attempt, self._attempt_started_s, addr, port)
+        self.outcome.attempts = self.attempt + 1
+        self._attempt_failures = []
+        for rep in self.replicas.values():
+            rep.state, rep.pid, rep.restarts, rep.run_id = ReplicaState.STARTING, None, 0, None
+            rep.started_s = None
+        if self._pending is not None:
+            self._pending.start_begin_s = self.clock()
+        launches = []
+        for i, rep in enumerate(self.replicas.values(), 1):
+            launches.append(self._launch(rep))
+            if i % _LAUNCH_BATCH == 0:
+                await asyncio.sleep(0)  # a large job: SIGTERM and cancel are heard meanwhile
+        await self.backend.start(launches)
+        note = self.backend.preload_note
+        if note and self.attempt == 0:
+            self.say(note)
+
+    def _on_started(self, ev: ReplicaStarted) -> None:
+        rep = self._current(ev.attempt, ev.replica, ev.restart)
+        log_path = self.launches.log_path(ev.attempt, ev.replica, ev.restart)
+        run_id = self.rec.run_started(
+            attempt=ev.attempt,
+            replica=ev.replica,
+            rank=self.replicas[ev.replica].plan.rank,
+            restart=ev.restart,
+            pid=ev.pid,
+            log_path=log_path,
+            at_s=ev.time_s,
+            node=ev.node,
+        )
+        if rep is None:
+            return
+        rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
+        rep.started_s = ev.time_s
+        self._maybe_running()
+
+    def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
+        rep = self.replicas.get(ev.replica)
+        if ev.attempt == self.attempt and rep is not None and ev.restart == rep.restarts:
+            self.hangs.alive(ev.replica)
+        pending = self._pending
+        if pending is None or pending.first_output or ev.attempt != self.attempt:
+            return
+        pending.first_output = True
+        self.rec.restart_phases(
+            pending.record_id, first_output_ms=(ev.time_s - pending.start_begin_s) * 1000
+        )
+
+    async def _restart_job(self, decision: RestartJob, failure: Failure, seen_s: float) -> None:
+        record_id = self.ledger.restart(decision, failure, seen_s)
+        self.hangs.disarm()
+        self._tear_down(describe(decision))
+        await self._stop_and_settle()  # usually all stopped already
+        t0, t1 = self.ledger.decided_s, self.clock()
+        self.rec.attempt_ended(
+            self.attempt, t1, AttemptOutcome.RESTARTED, failure.classification.message
+        )
+        self._pending = PendingRestart(record_id, t1)
+        await self._start_attempt()
+        t2 = self._pending.start_begin_s
+        self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=(t2 - t1) * 1000)
+
+    async def _wait_for_capacity(self, reason: str, message: str) -> None:
+        """Stop everything and try again in `capacity_retry_s`, until `max_wait_s`."""
+        queue, now = self.spec.queue, self.clock()
+        # One wait runs over consecutive attempts that each ended waiting for capacity.
+        if self._capacity_since is None or self._capacity_attempt < self.attempt - 1:
+            self._capacity_since = now
+        self._capacity_attempt = self.attempt
+        verdict = decide_capacity_wait(queue, now - self._capacity_since, reason, message)
+        if isinstance(verdict, Expire):
+            await self._apply(verdict, None, now)
+            return
+        self.hangs.disarm()
+        self._tear_down(verdict.reason, queued_reason=verdict.reason)
+        await self._stop_and_settle()
+        if self.attempt >= 0:
+            self.rec.attempt_ended(
+                self.attempt, self.clock(), AttemptOutcome.WAITING_FOR_CAPACITY, message
+            )
+        loop = asyncio.get_running_loop()
+        loop.call_later(queue.capacity_retry_s, self.post, CapacityRetry(self.attempt))
+
+    async def _restart_replica(
+        self, decision: RestartReplica, failure: Failure, seen_s: float
+    ) -> None:
+        record_id = self.ledger.restart(decision, failure, seen_s)
+        rep = self.replicas[decision.replica]
+        rep.restarts += 1
+        rep.state = ReplicaState.STARTING
+        self.hangs.starting(decision.replica)
+        t0 = self.clock()
+        await self.backend.start([self._launch(rep)])
+        self.rec.restart_phases(record_id, stop_ms=0.0, start_ms=(self.clock() - t0) * 1000)

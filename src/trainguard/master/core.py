@@ -1,0 +1,300 @@
+"""What every part of the job master shares: its state, its transitions, and the small
+helpers that stop, settle and describe replicas. The parts (`attempts`, `exits`,
+`hang_response`, `faults`) add the handlers; `loop.Master` puts them together."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainguard.backends.api import (
+    Backend,
+    Launch,
+    ReplicaExited,
+)
+from trainguard.frameworks import preset
+from trainguard.frameworks.replica_plan import (
+    plan_replicas,
+    primary_replica,
+)
+from trainguard.hangs.watch import HangWatch
+from trainguard.master.events import (
+    MasterEvent,
+    Outcome,
+    PendingRestart,
+    ReplicaSlot,
+)
+from trainguard.master.inbox import Inbox
+from trainguard.master.inject import FaultInjector
+from trainguard.master.keeper import CheckpointKeeper
+from trainguard.master.launch import LaunchBuilder
+from trainguard.master.ledger import Ledger
+from trainguard.master.sdk_channel import SdkServer, new_token
+from trainguard.policy.budgets import Budgets, Failure
+from trainguard.policy.catalogue import Rules
+from trainguard.policy.classes import Classification
+from trainguard.policy.decisions import (
+    STARTUP_WINDOW_S,
+    Decision,
+    decide_failure,
+)
+from trainguard.policy.gpus import GpuPool
+from trainguard.policy.logcontext import last_step
+from trainguard.records.recorder import Recorder
+from trainguard.spec.injection import Injection, parse_injection
+from trainguard.spec.models import ExecutionMode, JobSpec
+from trainguard.states import JobState, ReplicaState
+
+
+class MasterCore:
+    """The master's state and shared helpers; the handlers live in the mixins."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        spec: JobSpec,
+        backend: Backend,
+        recorder: Recorder,
+        log_dir: Path,
+        cwd: str,
+        say: Callable[[str], None] = lambda _msg: None,
+        clock: Callable[[], float] = time.time,
+        resume_after: tuple[int, int] | None = None,
+    ) -> None:
+        """`resume_after` = (attempts, restarts) a resumed job already had: numbering goes on."""
+        self.job_id = job_id
+        self.spec = spec
+        self.ft = spec.fault_tolerance
+        self.backend = backend
+        self.rec = recorder
+        recorder.say = say
+        self.log_dir = log_dir
+        self.cwd = cwd
+        self.say = say
+        self.clock = clock
+        plans = plan_replicas(spec)
+        self.replicas = {p.name: ReplicaSlot(p) for p in plans}
+        self.primary = primary_replica(plans)
+        self.preset = preset(spec.framework)
+        self.roles = self.preset.role_policy(spec)
+        self.launches = LaunchBuilder(
+            job_id, self.preset, tuple(plans), log_dir, cwd, self.ft.max_num_of_job_restart
+        )
+        self._given_up: dict[str, str] = {}  # replica -> why (batch shards, evaluators)
+        self.state = JobState.PENDING
+        self.attempt = -1
+        self._capacity_since: float | None = None  # when the current wait for capacity began
+        self._capacity_attempt = -1  # the attempt that last ended waiting for capacity
+        self._attempt_started_s = clock()
+        self._torn_down = -1  # the attempt a restart or a wait for capacity is stopping
+        self.outcome = Outcome(JobState.PENDING)
+        self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
+        self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
+        self._pending: PendingRestart | None = None
+        self._cancel_count = 0
+        self._attempt_failures: list[Failure] = []
+        self._background: set[asyncio.Future[Any]] = set()
+        self._applied: list[Decision] = []  # what the current turn of the loop applied
+        sync = self.ft.execution_mode is ExecutionMode.SYNC
+        self.hangs = HangWatch(
+            enabled=sync and self.ft.enable_job_hang_detection,
+            interval_s=self.ft.job_hang_interval,
+            post=self.post,
+            output_activity=backend.last_output_s,
+            clock=clock,
+            startup_timeout_s=self.ft.startup_timeout_s,
+        )
+        self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
+        self._exit_hang_timer: asyncio.TimerHandle | None = None
+        self.inbox = Inbox(self.hangs, recorder, say, clock)
+        self.faults = FaultInjector(
+            [parse_injection(t) for t in spec.fault_injection], self._inject
+        )
+        self.inbox.on_step = self.faults.on_step
+        self.keeper = CheckpointKeeper(spec.checkpoint, log_dir, recorder, clock)
+        self.inbox.on_progress = self.keeper.on_progress
+        self.sdk = SdkServer(self.inbox, new_token())
+        self.rules()  # load the catalogue now, not on the first failure
+        gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
+        self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
+        self.ledger = Ledger(recorder, self.gpus, say)
+        self.ledger.isolate_node = backend.isolate_after
+        if resume_after is not None:
+            self.attempt = resume_after[0] - 1
+            self.ledger.restarts = resume_after[1]
+
+    def post(self, event: MasterEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def _tear_down(self, reason: str, **job_values: object) -> None:
+        """RESTARTING: the current attempt's exits from now on are consequences."""
+        self._torn_down = self.attempt
+        self._transition(JobState.RESTARTING, reason, **job_values)
+
+    def _transition(self, state: JobState, reason: str, **job_values: object) -> None:
+        prev, self.state = self.state, state
+        self.outcome.state = state
+        self.rec.transition(prev, state, self.clock(), reason, **job_values)
+        self.say(f"job {self.job_id} {state.value}: {reason}")
+
+    def _launch(self, rep: ReplicaSlot) -> Launch:
+        channel = {
+            "TRAINGUARD_MASTER_URL": self.sdk.url,
+            "TRAINGUARD_TOKEN": self.sdk.token,
+            "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
+        }
+        name = rep.plan.name
+        devices = self.gpus.visible_devices(name)
+        return self.launches.build(
+            rep.plan, self.attempt, rep.restarts, self._rendezvous, channel, devices
+        )
+
+    def _current(self, attempt: int, replica: str, restart: int) -> ReplicaSlot | None:
+        rep = self.replicas.get(replica)
+        if rep is None or attempt != self.attempt or restart != rep.restarts:
+            return None
+        return rep
+
+    def _maybe_running(self) -> None:
+        """RUNNING once every replica of the new attempt has started.
+
+        Some may have exited already (a replica that finishes at once, one started last
+        on a slow backend): counting them keeps the job from waiting forever to run.
+        """
+        if self.state not in (JobState.PENDING, JobState.RESTARTING) or self._is_torn_down():
+            return
+        states = [r.state for r in self.replicas.values()]
+        running = states.count(ReplicaState.RUNNING)
+        if ReplicaState.STARTING in states or not running:
+            return
+        pending = self._pending
+        if pending is not None and not pending.started:
+            pending.started = True
+            self.rec.restart_phases(
+                pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
+            )
+        n = len(states)
+        what = f"all {n} replicas running"
+        if running < n:
+            what = f"all {n} replicas started, {n - running} already exited"
+        self._transition(JobState.RUNNING, f"attempt {self.attempt}: {what}")
+        live = [n for n, r in self.replicas.items() if r.state is ReplicaState.RUNNING]
+        self.hangs.arm(self.attempt, live)
+        self.faults.arm(self.attempt)
+
+    def _is_torn_down(self) -> bool:
+        """Whether the current attempt is being stopped (its exits decide nothing)."""
+        return self.state is JobState.RESTARTING and self._torn_down == self.attempt
+
+    async def _stop_and_settle(self) -> None:
+        """Stop every live replica (TERM, grace, KILL), then record the exits it caused."""
+        await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
+        await self._settle()
+
+    async def _settle(self) -> None:
+        """Record the exits a stop produced before the job moves on; they decide nothing."""
+        keep: list[MasterEvent] = []
+        while not self._queue.empty():
+            ev = self._queue.get_nowait()
+            if isinstance(ev, ReplicaExited):
+                await self._on_exit(ev, decide=False)
+            else:
+                keep.append(ev)
+        for ev in keep:
+            self._queue.put_nowait(ev)
+
+    def rules(self) -> Rules:
+        """The spec's retryable keywords, those the training code set at run time, ours."""
+        return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
+
+    def _trained(self, rep: ReplicaSlot, now_s: float) -> bool:
+        """Past start-up: the SDK saw a step, or the replica ran for STARTUP_WINDOW_S."""
+        if self.hangs.step_of(rep.plan.name) is not None:
+            return True
+        return rep.started_s is not None and now_s - rep.started_s >= STARTUP_WINDOW_S
+
+    def _progress(self, rep: ReplicaSlot, tail: tuple[str, ...]) -> int | None:
+        """The step a replica had reached: its SDK reports, else what its output printed."""
+        step = self.hangs.step_of(rep.plan.name)
+        return step if step is not None else last_step(tail)
+
+    def _decide(self, failure: Failure) -> Decision:
+        return decide_failure(
+            self.ft,
+            self.ledger.budgets,
+            failure,
+            len(self.replicas),
+            wait_for_capacity=self.spec.queue.wait_for_capacity,
+            roles=self.roles,
+        )
+
+    def _record_failure(self, root: Failure, decision: Decision) -> None:
+        self.ledger.failure(root, self._attempt_failures, decision)
+        self._attempt_failures = []
+
+    @property
+    def budgets(self) -> Budgets:
+        return self.ledger.budgets
+
+    def _failure_of(
+        self,
+        replica: str,
+        attempt: int,
+        pid: int | None,
+        time_s: float,
+        c: Classification,
+        tail: tuple[str, ...] = (),
+    ) -> Failure:
+        rep = self.replicas[replica]
+        plan = rep.plan
+        return Failure(
+            replica,
+            plan.role,
+            plan.rank,
+            attempt,
+            pid,
+            time_s,
+            c,
+            tail,
+            restart=rep.restarts,
+            progress=self._progress(rep, tail),
+            uptime_s=None if rep.started_s is None else time_s - rep.started_s,
+        )
+
+    def _record_spawn_failure(self, ev: ReplicaExited) -> int:
+        return self.rec.run_started(
+            attempt=ev.attempt,
+            replica=ev.replica,
+            rank=self.replicas[ev.replica].plan.rank,
+            restart=ev.restart,
+            pid=None,
+            log_path=self.launches.log_path(ev.attempt, ev.replica, ev.restart),
+            at_s=ev.time_s,
+        )
+
+    def _live(self) -> list[str]:
+        return [n for n, r in self.replicas.items() if not r.state.is_terminal]
+
+    def _cancel_exit_hang(self) -> None:
+        if self._exit_hang_timer is not None:
+            self._exit_hang_timer.cancel()
+            self._exit_hang_timer = None
+
+    def _within_startup(self, now_s: float) -> bool:
+        """Whether the attempt is younger than its start-up allowance."""
+        return now_s - self._attempt_started_s < self.hangs.startup_allowance()
+
+    # Handlers the loop defines (`loop.Master`); declared here for the parts that call them.
+
+    async def _apply(self, decision: Decision, failure: Failure | None, seen_s: float) -> None:
+        raise NotImplementedError
+
+    async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
+        raise NotImplementedError
+
+    def _inject(self, inj: Injection) -> None:
+        raise NotImplementedError

@@ -1,0 +1,125 @@
+"""A replica's exit: classify it, find the root cause, decide, and end the job when
+every replica is done."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from trainguard.backends.api import (
+    ReplicaExited,
+)
+from trainguard.hangs.watch import HangDetected
+from trainguard.master.core import MasterCore
+from trainguard.policy.budgets import Failure
+from trainguard.policy.classes import ExitKind
+from trainguard.policy.classify import (
+    classify_exit,
+    failed_before_stop,
+)
+from trainguard.policy.decisions import (
+    Decision,
+    FailJob,
+    GiveUpReplica,
+    RestartJob,
+    Succeed,
+    decide_clean_exit,
+    describe,
+    root_cause,
+)
+from trainguard.policy.verdicts import (
+    arm_exit_hang,
+    decide_success,
+)
+from trainguard.spec.models import SuccessPolicy
+from trainguard.states import JobState, ReplicaState
+
+
+class Exits(MasterCore):
+    """What an exit means, asked of the policy; the decision is applied by the loop."""
+
+    async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
+        rep = self._current(ev.attempt, ev.replica, ev.restart)
+        evidence = ev.evidence
+        if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
+            evidence = replace(evidence, progressed=True)
+        rules = self.rules() if rep is not None else None
+        c = classify_exit(evidence, rules)
+        if rep is not None:
+            c = failed_before_stop(evidence, rules) or c
+        state = {
+            ExitKind.CLEAN: ReplicaState.SUCCEEDED,
+            ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
+        }.get(c.kind, ReplicaState.FAILED)
+        run_id = rep.run_id if rep is not None else None
+        if run_id is None and ev.pid is None:  # never started: record the attempt to start
+            run_id = self._record_spawn_failure(ev)
+        if run_id is not None:
+            self.rec.run_ended(run_id, ev.time_s, c, state, ev.evidence.log_tail)
+        if rep is None:
+            return  # an exit of an earlier attempt or run, already dealt with
+        self.hangs.alive(ev.replica)  # ended: it waits for nothing more to start
+        rep.state = state
+        rep.run_id = None
+        failure: Failure | None = None
+        if c.is_failure:
+            tail = ev.evidence.log_tail
+            failure = self._failure_of(ev.replica, ev.attempt, ev.pid, ev.time_s, c, tail)
+            self._attempt_failures.append(failure)
+        if c.kind is ExitKind.STOP_REQUESTED or not decide:
+            return
+        if self.state is JobState.CANCELLING or self.state.is_terminal or self._is_torn_down():
+            return  # already restarting, cancelling or finished: this exit is a consequence
+        self._maybe_running()
+        if failure is None:
+            decision = decide_clean_exit(
+                self.spec.success_policy,
+                ev.replica,
+                self.primary,
+                self._all_done(),
+            )
+            if isinstance(decision, Succeed):
+                decision = self._success(decision.reason)
+            if arm_exit_hang(decision, self._exit_hang_on, self._exit_hang_timer is not None):
+                interval = self.ft.job_exit_hang_interval
+                hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
+                loop = asyncio.get_running_loop()
+                self._exit_hang_timer = loop.call_later(interval, self.post, hang)
+        else:
+            decision = self._decide(failure)
+            self.ledger.decided_s = self.clock()
+            if isinstance(decision, RestartJob | FailJob):
+                failure, decision = await self._take_root_cause(failure, decision)
+            self._record_failure(failure, decision)
+            self.say(f"{failure.replica} failed: {c.message} -> {describe(decision)}")
+        await self._apply(decision, failure, ev.time_s)
+
+    async def _take_root_cause(
+        self, trigger: Failure, decision: Decision
+    ) -> tuple[Failure, Decision]:
+        """Stop the rest (the decision stops them anyway), then decide on the root cause.
+
+        A replica whose peer died often fails a moment later with a connection reset;
+        whichever exit is seen first, the earliest non-cascade failure is the cause.
+        """
+        await self._stop_and_settle()
+        root, _ = root_cause(self._attempt_failures)
+        if root is trigger:
+            return trigger, decision
+        return root, self._decide(root)
+
+    def _all_done(self) -> bool:
+        """Every replica succeeded, or was given up."""
+        return all(
+            r.state is ReplicaState.SUCCEEDED or n in self._given_up
+            for n, r in self.replicas.items()
+        )
+
+    async def _give_up(self, decision: GiveUpReplica) -> None:
+        """The replica stays failed; the job goes on, and ends if it was the last one left."""
+        self._given_up[decision.replica] = decision.reason
+        if self.spec.success_policy is SuccessPolicy.ALL and self._all_done():
+            await self._apply(self._success("every replica exited 0 or was given up"), None, 0.0)
+
+    def _success(self, reason: str) -> Succeed:
+        return decide_success(reason, self._given_up, len(self.replicas), self.spec.allow_partial)

@@ -1,0 +1,68 @@
+"""A detected hang: take every stack, name the culprit, then decide as for a failure."""
+
+from __future__ import annotations
+
+import asyncio
+
+from trainguard.hangs.diagnose import diagnose
+from trainguard.hangs.watch import HangDetected
+from trainguard.master.core import MasterCore
+from trainguard.policy.classify import (
+    hang_failure,
+)
+from trainguard.policy.decisions import (
+    describe,
+)
+from trainguard.policy.verdicts import (
+    judge_hang,
+)
+from trainguard.states import JobState
+
+
+class HangResponse(MasterCore):
+    async def _on_hang(self, ev: HangDetected) -> None:
+        """Snapshot every stack, name the culprit, then decide as for any failure."""
+        self._exit_hang_timer = None if ev.kind == "exit_hang" else self._exit_hang_timer
+        if ev.attempt != self.attempt or self.state is not JobState.RUNNING:
+            return
+        left = self.hangs.startup_left()
+        if ev.kind == "exit_hang" and left > 0:
+            # A peer has not shown a sign of life yet: its start-up allowance runs first.
+            loop = asyncio.get_running_loop()
+            wait = min(left, ev.interval_s)
+            self._exit_hang_timer = loop.call_later(wait, self.post, ev)
+            return
+        detected_s = self.clock()
+        live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
+        self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
+        files = {
+            n: self.launches.log_path(self.attempt, n, r.restarts).with_suffix(".stacks.txt")
+            for n, r in live.items()
+            if n in self.inbox.faulthandler
+        }
+        targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
+        diag = await diagnose(targets, self.hangs.beats(), files, self.clock, self.backend.snapshot)
+        self.ledger.snapshot_id = self.rec.diagnosis(diag, self.attempt, detected_s, ev.kind)
+        self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
+        life = self.hangs.last_activity() > detected_s
+        cleared = judge_hang(ev.kind, life, diag.importing(), self._within_startup(detected_s))
+        if cleared is not None:
+            also = "; start-up allowance applies" if cleared.starting else ""
+            self.say(f"{cleared.reason}: not a hang{also}")
+            self.rec.event(detected_s, None, "hang_cleared", cleared.reason)
+            for name in cleared.starting:
+                self.hangs.starting(name)
+            self.hangs.rearm()
+            self.ledger.snapshot_id = None
+            return
+        who = diag.culprit or ev.replica or self.primary
+        c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
+        tail = self.backend.log_tail(who)  # its last step: a hang at the same one recurs
+        failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c, tail)
+        decision = self._decide(failure)
+        self.ledger.decided_s = self.clock()
+        self._attempt_failures = [failure]
+        self._record_failure(failure, decision)
+        self.say(f"{failure.classification.message} -> {describe(decision)}")
+        await self._apply(decision, failure, failure.time_s)
+        self.ledger.snapshot_id = None
