@@ -51,7 +51,8 @@ from trainguard.policy.decisions import (
     decide_failure,
     describe,
 )
-from trainguard.spec.models import UNLIMITED, ExecutionMode, FaultTolerance
+from trainguard.spec.limits import UNLIMITED
+from trainguard.spec.models import ExecutionMode, FaultTolerance
 
 HOUR_S = 3600.0
 DAY_S = 86400.0

@@ -7,7 +7,8 @@ from conftest import TG
 
 from trainguard.errors import SpecError
 from trainguard.service.quota import MIN_CPUS_PER_REPLICA, request_of
-from trainguard.spec.models import MAX_LIMIT, validate_spec
+from trainguard.spec.limits import MAX_LIMIT
+from trainguard.spec.models import validate_spec
 
 
 def _problems(data: dict[str, object]) -> list[str]:

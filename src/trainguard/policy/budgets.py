@@ -14,7 +14,7 @@ from math import isqrt
 from typing import Literal, Self, TypeVar, cast
 
 from trainguard.policy.classes import Classification
-from trainguard.spec.models import UNLIMITED
+from trainguard.spec.limits import UNLIMITED
 
 Limit = int | Literal["unlimited"]
 V = TypeVar("V")

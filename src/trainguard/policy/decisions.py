@@ -27,13 +27,12 @@ from typing import Literal
 
 from trainguard.policy.budgets import Budgets, Charge, Failure, Limit, Occurrence
 from trainguard.policy.classes import Classification, FailureClass
+from trainguard.spec.limits import UNLIMITED, limit_allows
 from trainguard.spec.models import (
-    UNLIMITED,
     ExecutionMode,
     FaultTolerance,
     FaultTolerantPolicy,
     SuccessPolicy,
-    limit_allows,
 )
 from trainguard.states import ErrorCode
 

@@ -18,7 +18,7 @@ from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, T
 from trainguard.records.queries import StoreReader
 from trainguard.service.metrics import render_metrics
 from trainguard.service.scheduler import Service
-from trainguard.spec.models import MAX_LIMIT
+from trainguard.spec.limits import MAX_LIMIT
 
 JOB_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 REPLICA = r"^[a-z][a-z0-9_-]{0,31}-[0-9]{1,5}$"

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainguard.errors import SpecError
 from trainguard.service.quota import DEFAULT_MAX_REPLICAS, Quota
-from trainguard.spec.models import load_spec_file, validation_problems
+from trainguard.spec.models import load_spec_file
 from trainguard.spec.notify_rules import NotifyRule
+from trainguard.spec.problems import validation_problems
 from trainguard.spec.sizes import parse_memory
 
 

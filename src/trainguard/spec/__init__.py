@@ -1,13 +1,16 @@
-"""The job spec: validated models, limits, the bounded YAML reader, the AIMaster flag parser and the
-injection and notification rules as configuration. Imports only `errors`.
+"""The job spec: validated models, their limits, validation problems as lines, the bounded
+YAML reader, the AIMaster flag parser and the injection and notification rules as
+configuration. Imports only `errors`.
 """
 
 __all__ = [
     "aimaster_flags",
     "frameworks",
     "injection",
+    "limits",
     "models",
     "notify_rules",
+    "problems",
     "safe_yaml",
     "sizes",
 ]

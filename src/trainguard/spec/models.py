@@ -24,47 +24,17 @@ from pydantic import (
 from trainguard.errors import SpecError
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.injection import parse_injection
+from trainguard.spec.limits import (
+    MAX_LIMIT,
+    MAX_REPLICAS,
+    MAX_SECONDS,
+    MIN_WATCH_S,
+    UNLIMITED,
+    Limit,
+)
 from trainguard.spec.notify_rules import NotifyRule
+from trainguard.spec.problems import validation_problems
 from trainguard.spec.safe_yaml import YamlProblem, parse_bounded, read_bounded
-
-UNLIMITED: Literal["unlimited"] = "unlimited"
-"""The explicit spelling of "no limit" for a budget; -1 on input means the same."""
-
-MAX_LIMIT = 10**9
-"""A budget above this is a typo: 'unlimited' says "no limit"."""
-MAX_SECONDS = 10**7
-"""About 115 days: a longer interval is a typo (and overflows the event loop's timers)."""
-MAX_REPLICAS = 4096
-"""Replicas of one job, in all its pools."""
-MIN_WATCH_S = 0.5
-"""A hang or start-up interval below this would fire on a healthy replica's scheduling
-jitter: it is a typo (milliseconds meant as seconds), not a setting."""
-
-
-def _limit(value: Any) -> Any:
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("unlimited", "-1", "inf"):
-            return UNLIMITED
-        if text.isdigit() and int(text) <= MAX_LIMIT:
-            return int(text)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if value == -1:
-            return UNLIMITED
-        if 0 <= value <= MAX_LIMIT:
-            return value
-    shown = value if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
-    raise ValueError(
-        f"must be a whole number from 0 to {MAX_LIMIT}, or 'unlimited' (or -1), got {shown!r}"
-    )
-
-
-Limit = Annotated[int | Literal["unlimited"], BeforeValidator(_limit)]
-
-
-def limit_allows(limit: int | Literal["unlimited"], used: int) -> bool:
-    """True if a budget with `limit` that has `used` charges can take one more."""
-    return limit == UNLIMITED or used < limit
 
 
 def _case_insensitive(enum: type[StrEnum]) -> Any:
@@ -353,57 +323,6 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return sum(p.replicas for p in self.worker_pools)
-
-
-# ---------------------------------------------------------------- errors -> lines
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith("function-") or "[" in str(part):
-            continue  # pydantic's union-branch labels say nothing to a user
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _describe(err: Any) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    loc = _loc(err["loc"])
-    got = err.get("input")
-    if kind == "missing":
-        return f"{loc}: is required"
-    if kind == "extra_forbidden":
-        return f"{loc}: unknown field"
-    if kind == "value_error":
-        msg = str(ctx.get("error", err["msg"]))
-        # Our own validators already name field and value ("memory: must be ...").
-        return f"{loc}.{msg}" if loc and ":" in msg.split(" ")[0] else f"{loc}: {msg}".lstrip(": ")
-    text = {
-        "greater_than_equal": "must be >= {ge}",
-        "greater_than": "must be > {gt}",
-        "less_than_equal": "must be <= {le}",
-        "less_than": "must be < {lt}",
-        "too_short": "must have at least {min_length} item(s)",
-        "string_pattern_mismatch": "must match {pattern}",
-        "literal_error": "must be one of {expected}",
-        "enum": "must be one of {expected}",
-    }.get(kind)
-    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
-    msg = text.format(**shown) if text else err["msg"][0].lower() + err["msg"][1:]
-    return f"{loc}: {msg}, got {got!r}"
-
-
-def validation_problems(exc: ValidationError) -> list[str]:
-    seen: list[str] = []
-    for err in exc.errors():
-        line = _describe(err)
-        if line not in seen:
-            seen.append(line)
-    return seen
 
 
 def validate_spec(data: Any) -> JobSpec:
