@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, TG, alive, wait_for
-from test_mpi_launch import requires_mpi
+from test_mpi_mpirun import requires_mpi
 
 from trainguard.records.store import Store
 
