@@ -60,6 +60,30 @@ class ReplicaExited:
     evidence: ExitEvidence
     time_s: float  # when the backend saw the exit
 
+    @classmethod
+    def of(
+        cls,
+        launch: Launch,
+        pid: int | None,
+        time_s: float,
+        returncode: int | None,
+        *,
+        stop_requested: bool,
+        log_tail: tuple[str, ...],
+        oom_kills: int = 0,
+        node_lost: str | None = None,
+    ) -> ReplicaExited:
+        """The exit of `launch`'s replica as every backend reports it."""
+        ev = ExitEvidence(
+            launch.replica,
+            returncode,
+            stop_requested=stop_requested,
+            log_tail=log_tail,
+            oom_kills=oom_kills,
+            node_lost=node_lost,
+        )
+        return cls(launch.attempt, launch.replica, launch.restart, pid, ev, time_s)
+
 
 BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
 

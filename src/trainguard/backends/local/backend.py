@@ -296,16 +296,17 @@ class LocalBackend:
         launch = run.launch
         if self._runs.get(launch.replica) is run:
             del self._runs[launch.replica]
-        ev = ExitEvidence(
-            replica=launch.replica,
-            returncode=returncode,
-            stop_requested=run.stop_requested,
-            log_tail=run.output.tail.lines(),
-            oom_kills=max(0, oom_kill_count() - run.oom_before),
-        )
         run.done.set()
         self._emit(
-            ReplicaExited(launch.attempt, launch.replica, launch.restart, run.pid, ev, seen_s)
+            ReplicaExited.of(
+                launch,
+                run.pid,
+                seen_s,
+                returncode,
+                stop_requested=run.stop_requested,
+                log_tail=run.output.tail.lines(),
+                oom_kills=max(0, oom_kill_count() - run.oom_before),
+            )
         )
 
     @staticmethod

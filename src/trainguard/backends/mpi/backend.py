@@ -194,15 +194,17 @@ class MpiBackend:
                 code, by_mpirun = blamed.returncode, False
             else:
                 code, by_mpirun = (0 if ok else -signal.SIGTERM), not ok
-            evidence = ExitEvidence(
-                rank.launch.replica,
-                code,
-                stop_requested=job.stop_requested or by_mpirun,
-                log_tail=rank.output.tail.lines(),
-            )
-            la = rank.launch
             at = min(rank.gone_s or ev.time_s, ev.time_s)
-            self._emit(ReplicaExited(la.attempt, la.replica, la.restart, rank.pid, evidence, at))
+            self._emit(
+                ReplicaExited.of(
+                    rank.launch,
+                    rank.pid,
+                    at,
+                    code,
+                    stop_requested=job.stop_requested or by_mpirun,
+                    log_tail=rank.output.tail.lines(),
+                )
+            )
 
     # -------------------------------------------------------------- stop, diagnosis, close
 

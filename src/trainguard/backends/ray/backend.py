@@ -263,15 +263,19 @@ class RayBackend:
         la = run.launch
         if self._runs.get(la.replica) is run:
             del self._runs[la.replica]
-        ev = ExitEvidence(
-            replica=la.replica,
-            returncode=code,
-            stop_requested=run.stop_requested,
-            log_tail=run.output.tail.lines(),
-            node_lost=None if lost is None else f"{lost} (node {_label(run.node)})",
-        )
         run.done.set()
-        self._emit(ReplicaExited(la.attempt, la.replica, la.restart, run.pid, ev, seen))
+        lost_on = None if lost is None else f"{lost} (node {_label(run.node)})"
+        self._emit(
+            ReplicaExited.of(
+                la,
+                run.pid,
+                seen,
+                code,
+                stop_requested=run.stop_requested,
+                log_tail=run.output.tail.lines(),
+                node_lost=lost_on,
+            )
+        )
 
     def last_output_s(self) -> float:
         return self._last_output_s
