@@ -7,6 +7,8 @@ Everything runs on the shared fake backend (tests/fakes.py); nothing starts a pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import signal
 import time
 from pathlib import Path
@@ -25,6 +27,8 @@ from trainguard.policy.decisions import (
     RestartJob,
     Succeed,
 )
+from trainguard.records.explain import print_explain
+from trainguard.records.queries import StoreReader
 from trainguard.records.recorder import Recorder
 from trainguard.records.store import Store
 from trainguard.spec.models import validate_spec
@@ -90,6 +94,11 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
         assert (last.before, last.after) == (JobState.RESTARTING, JobState.EXPIRED)
         assert store.job("job-1")["error_code"] == "EXPIRED"
         await m.shutdown()
+        # explain lists each decision no failure led to, with the budget it ran against
+        decisions = [d["text"] for d in StoreReader(store).explain("job-1")["decisions"]]
+        assert decisions[0].startswith("WaitForCapacity: waiting for capacity (0 s so far")
+        assert "max_wait_s 0.05), next try in 0.01 s: no node has 8 GPUs" in decisions[0]
+        assert decisions[-1].startswith("Expire: waited 0 s for capacity, max_wait_s is 0.05")
 
     asyncio.run(scenario())
 
@@ -200,6 +209,13 @@ def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part
         assert m.state is JobState.SUCCEEDED
         assert store.job("job-1")["error_code"] == "PARTIAL"
         await m.shutdown()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            data = StoreReader(store).explain("job-1")
+            print_explain(data["job"], data["failures"], data["decisions"])
+        text = out.getvalue()
+        assert "GiveUpReplica" in text  # shard-1's failure record
+        assert "- decision     Succeed: partial success: 1 of 2 replicas succeeded" in text
 
     asyncio.run(scenario())
 

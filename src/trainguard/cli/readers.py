@@ -74,7 +74,7 @@ def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
     if args.json:
         dump_json(data)
     else:
-        print_explain(data["job"], data["failures"])
+        print_explain(data["job"], data["failures"], data.get("decisions", ()))
     return 0
 
 

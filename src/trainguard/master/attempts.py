@@ -16,6 +16,7 @@ from trainguard.master.events import (
 )
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
+    DECISION_EVENT,
     Expire,
     RestartJob,
     RestartReplica,
@@ -128,6 +129,7 @@ class Attempts(MasterCore):
         if isinstance(verdict, Expire):
             await self._apply(verdict, None, now)
             return
+        self.rec.event(now, None, DECISION_EVENT, describe(verdict))
         self.hangs.disarm()
         self._tear_down(verdict.reason, queued_reason=verdict.reason)
         await self._stop_and_settle()

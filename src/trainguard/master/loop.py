@@ -31,6 +31,7 @@ from trainguard.master.faults import Faults
 from trainguard.master.hang_response import HangResponse
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
+    DECISION_EVENT,
     Decision,
     Expire,
     FailJob,
@@ -40,6 +41,7 @@ from trainguard.policy.decisions import (
     RestartReplica,
     Succeed,
     WaitForCapacity,
+    describe,
 )
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 
@@ -119,6 +121,11 @@ class Master(Attempts, Exits, HangResponse, Faults):
 
     async def _apply(self, decision: Decision, failure: Failure | None, seen_s: float) -> None:
         self._applied.append(decision)
+        if failure is None and not isinstance(decision, Ignore | WaitForCapacity):
+            # A failure's decision is in its failure record; the rest (no capacity, the
+            # expiry of a wait, success in full or in part) are recorded here, and a wait
+            # for capacity where its verdict is taken (`_wait_for_capacity`).
+            self.rec.event(self.clock(), None, DECISION_EVENT, describe(decision))
         match decision:
             case Ignore():
                 return

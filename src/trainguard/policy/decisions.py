@@ -107,6 +107,10 @@ Decision = (
 )
 
 
+DECISION_EVENT = "decision"
+"""The record of a decision that no failure led to (`trainguard explain` lists them)."""
+
+
 def describe(decision: Decision) -> str:
     """One line for records and logs: what was decided, why, and what it cost."""
     name = type(decision).__name__

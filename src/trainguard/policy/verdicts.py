@@ -29,8 +29,11 @@ def decide_capacity_wait(
     if queue.max_wait_s is not None and waited_s >= queue.max_wait_s:
         why = f"waited {waited_s:.0f} s for capacity, max_wait_s is {queue.max_wait_s:g}"
         return Expire(why, message)
+    budget = "no max_wait_s" if queue.max_wait_s is None else f"max_wait_s {queue.max_wait_s:g}"
     return WaitForCapacity(
-        f"waiting for capacity, next try in {queue.capacity_retry_s:g} s: {reason}", message
+        f"waiting for capacity ({waited_s:.0f} s so far, {budget}), next try in "
+        f"{queue.capacity_retry_s:g} s: {reason}",
+        message,
     )
 
 

@@ -11,8 +11,13 @@ from trainguard.errors import SpecError
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
+from trainguard.policy.decisions import DECISION_EVENT
 from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES
 from trainguard.signals import parse_signal
+
+EXPLAINED_EVENTS = frozenset({DECISION_EVENT, "hang_cleared"})
+"""Events `explain` lists beside the failures: decisions no failure led to, and hangs that
+turned out not to be (a sign of life arrived while the stacks were taken)."""
 
 
 def aggregate(failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -54,7 +59,9 @@ def print_aggregate(rows: list[dict[str, Any]]) -> None:
         print(f"       {g['example']}")
 
 
-def print_explain(job: dict[str, Any], failures: list[dict[str, Any]]) -> None:
+def print_explain(
+    job: dict[str, Any], failures: list[dict[str, Any]], decisions: Sequence[dict[str, Any]] = ()
+) -> None:
     print(f"job {job['id']} ({job['name']}): {job['state']}, {job['attempts']} attempt(s)")
     if not failures:
         print("no failures: nothing needed explaining")
@@ -76,6 +83,9 @@ def print_explain(job: dict[str, Any], failures: list[dict[str, Any]]) -> None:
         print(f"    fingerprint  {f['fingerprint']}")
         print(f"    message      {f['message']}")
         print(f"    decision     {f['decision']}")
+    for d in decisions:
+        what = "not a hang" if d["kind"] == "hang_cleared" else "decision"
+        print(f"- {what:<12} {d['text']}")
     if job["error_message"]:
         print(f"final error: [{job['error_code']}] {job['error_message']}")
 

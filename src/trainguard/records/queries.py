@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainguard.errors import JobNotFound
-from trainguard.records.explain import aggregate
+from trainguard.records.explain import EXPLAINED_EVENTS, aggregate
 from trainguard.records.goodput import goodput
 from trainguard.records.store import Store
 from trainguard.records.views import job_summary, job_view
@@ -52,7 +52,16 @@ class StoreReader:
 
     def explain(self, ref: str) -> dict[str, Any]:
         job = self.store.resolve_job(ref)
-        return {"job": job_summary(job), "failures": self.store.failures_of(job["id"])}
+        verdicts = [
+            {"at_s": e["at_s"], "kind": e["kind"], "text": e["text"]}
+            for e in self.store.events_of(job["id"])
+            if e["kind"] in EXPLAINED_EVENTS
+        ]
+        return {
+            "job": job_summary(job),
+            "failures": self.store.failures_of(job["id"]),
+            "decisions": verdicts,
+        }
 
     def stacks(self, ref: str, attempt: int | None) -> list[dict[str, Any]]:
         job = self.store.resolve_job(ref)
