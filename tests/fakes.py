@@ -6,6 +6,7 @@ drive the master's and the policy's logic step by step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 from trainguard.backends.api import (
@@ -17,6 +18,7 @@ from trainguard.backends.api import (
 )
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.policy.classes import ExitEvidence
+from trainguard.records.rows import JobRow
 
 
 class FakeClock:
@@ -100,3 +102,11 @@ class FakeBackend:
     async def close(self) -> None:
         self.closed = True
         await self.stop(list(self.live), 0)
+
+
+def job_row(**values: Any) -> JobRow:
+    """A jobs row with defaults for what a test does not care about."""
+    base: dict[str, Any] = {f.name: None for f in fields(JobRow)}
+    base.update(id="job-1", name="t", spec_json="{}", state="RUNNING", created_at_s=0.0)
+    base.update(attempts=0, log_dir="/tmp")
+    return JobRow(**(base | values))

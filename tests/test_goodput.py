@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TG
+from fakes import job_row
 
 from trainguard.records.goodput import goodput
 
@@ -16,7 +17,7 @@ from trainguard.records.goodput import goodput
 def test_a_job_killed_once_table() -> None:
     # attempt 0: starts at 0, steps 1..5 at t=2..6, killed at t=6.5 (decided at 6.6)
     # attempt 1: starts at 7, resumes from step 4: steps 4..10 at t=9..15; job ends at 16
-    job = {"created_at_s": 0.0, "ended_at_s": 16.0}
+    job = job_row(created_at_s=0.0, ended_at_s=16.0)
     attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 7.0}]
     steps: list[dict[str, object]] = [
         {"attempt": 0, "step": s, "at_s": 1.0 + s, "checkpoint": None} for s in range(1, 6)
@@ -39,7 +40,7 @@ def test_a_job_killed_once_table() -> None:
 
 
 def test_a_hang_counts_as_hang_waiting() -> None:
-    job = {"created_at_s": 0.0, "ended_at_s": 20.0}
+    job = job_row(created_at_s=0.0, ended_at_s=20.0)
     attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 12.0}]
     steps = [{"attempt": 0, "step": 1, "at_s": 1.0}, {"attempt": 0, "step": 2, "at_s": 2.0}]
     steps += [{"attempt": 1, "step": 3, "at_s": 14.0}, {"attempt": 1, "step": 4, "at_s": 15.0}]
@@ -52,7 +53,7 @@ def test_a_hang_counts_as_hang_waiting() -> None:
 
 
 def test_no_failures_no_advice() -> None:
-    job = {"created_at_s": 0.0, "ended_at_s": 3.0}
+    job = job_row(created_at_s=0.0, ended_at_s=3.0)
     g = goodput(job, [{"number": 0, "started_at_s": 0.0}], [], [], now_s=3.0)
     assert g["productive_s"] == 0 and g["advice"]["text"] == "no advice: no failures yet"
 
@@ -87,7 +88,7 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
 def test_time_in_the_servers_queue_is_queueing() -> None:
     from trainguard.records.goodput import goodput
 
-    job = {"created_at_s": 0.0, "ended_at_s": 10.0}
+    job = job_row(created_at_s=0.0, ended_at_s=10.0)
     moves = [
         {"to_state": "QUEUED", "at_s": 0.0},
         {"to_state": "PENDING", "at_s": 3.0},

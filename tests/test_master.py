@@ -238,7 +238,7 @@ def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) 
     # retried twice (3 attempts in all), as Vertex does with internal errors
     assert (outcome.attempts, outcome.restarts) == (3, 2)
     assert [r["failure_class"] for r in store.restarts_of("job-1")] == ["internal"] * 2
-    assert store.job("job-1")["error_code"] == "INTERNAL"
+    assert store.job("job-1").error_code == "INTERNAL"
     assert "backend exploded" in (tmp_path / "logs" / "master-error.log").read_text()
     assert be.closed
 

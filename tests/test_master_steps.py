@@ -80,7 +80,7 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
         await m.begin()
         assert m.state is JobState.RESTARTING and be.launches == []
         job = store.job("job-1")
-        assert "waiting for capacity" in str(job["queued_reason"])
+        assert "waiting for capacity" in str(job.queued_reason)
         turns: list[Transition] = []
         for _ in range(200):  # CapacityRetry comes every 10 ms until max_wait_s is spent
             await asyncio.sleep(0.01)
@@ -92,7 +92,7 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
         last = turns[-1]
         assert isinstance(last.decision, Expire)
         assert (last.before, last.after) == (JobState.RESTARTING, JobState.EXPIRED)
-        assert store.job("job-1")["error_code"] == "EXPIRED"
+        assert store.job("job-1").error_code == "EXPIRED"
         await m.shutdown()
         # explain lists each decision no failure led to, with the budget it ran against
         decisions = [d["text"] for d in StoreReader(store).explain("job-1")["decisions"]]
@@ -110,7 +110,7 @@ def test_a_start_without_capacity_fails_when_waiting_is_off(tmp_path: Path) -> N
         m, store = _master(tmp_path, be)
         await m.begin()
         assert m.state is JobState.FAILED
-        assert store.job("job-1")["error_code"] == "CAPACITY"
+        assert store.job("job-1").error_code == "CAPACITY"
         await m.shutdown()
 
     asyncio.run(scenario())
@@ -207,7 +207,7 @@ def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part
         done = turns[-1].decision
         assert isinstance(done, Succeed) and done.error_code == "PARTIAL"
         assert m.state is JobState.SUCCEEDED
-        assert store.job("job-1")["error_code"] == "PARTIAL"
+        assert store.job("job-1").error_code == "PARTIAL"
         await m.shutdown()
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -243,7 +243,7 @@ def test_an_internal_error_restarts_within_its_budget_then_fails(tmp_path: Path)
         assert m.state is JobState.RESTARTING
         assert await m._internal_error(RuntimeError("boom again")) is False
         assert m.state is JobState.FAILED  # type: ignore[comparison-overlap]
-        assert store.job("job-1")["error_code"] == "INTERNAL"
+        assert store.job("job-1").error_code == "INTERNAL"
         await m.shutdown()
 
     asyncio.run(scenario())

@@ -115,18 +115,18 @@ def test_store_round_trip(db: str, tmp_path: Path) -> None:
     assert not store.set_state_if("tg-1", "RUNNING", "FAILED", at + 5)
 
     job = store.resolve_job("train")
-    assert (job["id"], job["state"], job["attempts"], job["ended_at_s"]) == (
+    assert (job.id, job.state, job.attempts, job.ended_at_s) == (
         "tg-1",
         "SUCCEEDED",
         0,
         at + 4,
     )
-    assert (job["created_at_s"], job["master_started_ticks"], job["last_step"]) == (
+    assert (job.created_at_s, job.master_started_ticks, job.last_step) == (
         at,
         2**40,
         2**33,
     )
-    assert [j["id"] for j in store.list_jobs()] == ["tg-1"] and store.live_jobs() == []
+    assert [j.id for j in store.list_jobs()] == ["tg-1"] and store.live_jobs() == []
     assert [(t["from_state"], t["to_state"]) for t in store.transitions_of("tg-1")] == [
         (None, "PENDING"),
         ("PENDING", "RUNNING"),
@@ -169,7 +169,7 @@ def test_a_column_a_newer_trainguard_added_is_added_to_an_old_database(
     row = {"spec_json": "{}", "state": "PENDING", "created_at_s": 1.0, "log_dir": "/l"}
     store.insert(jobs, id="j", name="n", last_progress_s=2.5, **row)
     store.insert(restart_records, job_id="j", round=1, at_s=1.0, isolated="gpu 3")
-    assert store.job("j")["last_progress_s"] == 2.5
+    assert store.job("j").last_progress_s == 2.5
     assert store.restarts_of("j")[0]["isolated"] == "gpu 3"
     store.close()
 

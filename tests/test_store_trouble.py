@@ -75,7 +75,7 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
     c = classify_exit(ExitEvidence("worker-0", 0))
     rec.run_ended(run_id, 2.0, c, ReplicaState.SUCCEEDED)
     assert store.runs_of("job-1", attempt=0)[0]["state"] == "SUCCEEDED"
-    assert store.job("job-1")["attempts"] == 1
+    assert store.job("job-1").attempts == 1
     assert "every held write is recorded" in said[-1]
 
 

@@ -52,10 +52,10 @@ def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
             job = store.resolve_job(spec.name)
         except JobNotFound:
             job = None
-        if job is not None and JobState(job["state"]) in RESUMABLE:
+        if job is not None and JobState(job.state) in RESUMABLE:
             return _report(*resume_job(job, store, tee=tee))
-        if job is not None and not JobState(job["state"]).is_terminal:
-            raise ResumeError(f"job {job['id']} ({spec.name}) is {job['state']}: it still runs")
+        if job is not None and not JobState(job.state).is_terminal:
+            raise ResumeError(f"job {job.id} ({spec.name}) is {job.state}: it still runs")
     return _report(*run_job(spec, store, tee=tee))
 
 
@@ -100,13 +100,13 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> int:
         print(message)
         return 0
     deadline = time.time() + cancel_deadline_s(job)
-    state = JobState(job["state"])
+    state = JobState(job.state)
     while time.time() < deadline:
-        state = JobState(store.job(job["id"])["state"])
+        state = JobState(store.job(job.id).state)
         if state.is_terminal:
             break
         time.sleep(0.1)  # another process's state: the store is all we can watch
-    print(f"job {job['id']} {state.value}")
+    print(f"job {job.id} {state.value}")
     return 0 if state.is_terminal else EXIT_FAILED
 
 

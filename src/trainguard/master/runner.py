@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from trainguard.backends.api import Backend
 from trainguard.backends.childwatch import pidfd_child_watcher
@@ -26,6 +26,7 @@ from trainguard.notify.notifier import Notifier
 from trainguard.records.control import check_resumable
 from trainguard.records.liveness import master_identity, reap_interrupted
 from trainguard.records.recorder import Recorder
+from trainguard.records.rows import JobRow
 from trainguard.records.store import Store
 from trainguard.spec.models import JobSpec, validate_spec
 from trainguard.spec.notify_rules import NotifyRule
@@ -74,7 +75,7 @@ def run_job(
 
 
 def resume_job(
-    job: dict[str, Any],
+    job: JobRow,
     store: Store,
     *,
     tee: TextIO | None = sys.stdout,
@@ -82,34 +83,34 @@ def resume_job(
 ) -> tuple[str, Outcome]:
     """Continue `job` under this process as its new master: same id, a new attempt."""
     reap_interrupted(store)
-    job = store.job(job["id"])
+    job = store.job(job.id)
     check_resumable(job)
-    state = JobState(job["state"])
-    spec = validate_spec(json.loads(job["spec_json"]))
-    job_id = str(job["id"])
+    state = JobState(job.state)
+    spec = validate_spec(json.loads(job.spec_json))
+    job_id = str(job.id)
     recorder = Recorder(store, job_id)
     restarts = len(store.restarts_of(job_id))
     recorder.job_resumed(state, time.time(), master_identity())
     say = _say_to(status)
-    say(f"job {job_id} ({spec.name}): resumed after {job['attempts']} attempt(s)")
-    log_dir, cwd = Path(job["log_dir"]), job["cwd"] or os.getcwd()
-    resume_after = (int(job["attempts"]), restarts)
+    say(f"job {job_id} ({spec.name}): resumed after {job.attempts} attempt(s)")
+    log_dir, cwd = Path(job.log_dir), job.cwd or os.getcwd()
+    resume_after = (int(job.attempts), restarts)
     return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, resume_after)
 
 
 def run_admitted(job_id: str, store: Store, *, status: TextIO = sys.stderr) -> Outcome:
     """The master of a job the server admitted (PENDING): a first run, or a resume."""
     job = store.job(job_id)
-    if job["state"] != JobState.PENDING.value:
-        raise ResumeError(f"job {job_id} is {job['state']}, not admitted (PENDING)")
-    spec = validate_spec(json.loads(job["spec_json"]))
+    if job.state != JobState.PENDING.value:
+        raise ResumeError(f"job {job_id} is {job.state}, not admitted (PENDING)")
+    spec = validate_spec(json.loads(job.spec_json))
     recorder = Recorder(store, job_id)
     store.update_job(job_id, **master_identity())
     restarts = len(store.restarts_of(job_id))
-    resume_after = (int(job["attempts"]), restarts) if job["attempts"] else None
+    resume_after = (int(job.attempts), restarts) if job.attempts else None
     say = _say_to(status)
-    say(f"job {job_id} ({spec.name}): admitted, attempt {job['attempts']}")
-    log_dir, cwd = Path(job["log_dir"]), job["cwd"] or os.getcwd()
+    say(f"job {job_id} ({spec.name}): admitted, attempt {job.attempts}")
+    log_dir, cwd = Path(job.log_dir), job.cwd or os.getcwd()
     return _master_run(job_id, spec, recorder, log_dir, cwd, None, say, resume_after)
 
 

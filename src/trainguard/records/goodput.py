@@ -24,17 +24,19 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from trainguard.records.rows import JobRow
+
 
 def goodput(
-    job: dict[str, Any],
+    job: JobRow,
     attempts: Sequence[dict[str, Any]],
     restarts: Sequence[dict[str, Any]],
     steps: Sequence[dict[str, Any]],
     now_s: float,
     transitions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    end = job["ended_at_s"] or now_s
-    total = max(0.0, end - job["created_at_s"])
+    end = job.ended_at_s or now_s
+    total = max(0.0, end - job.created_at_s)
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     for row in steps:
         by_attempt.setdefault(row["attempt"], []).append(row)

@@ -11,6 +11,7 @@ import socket
 import time
 from pathlib import Path
 
+from trainguard.records.rows import JobRow
 from trainguard.records.store import Store
 from trainguard.states import ErrorCode, JobState
 
@@ -38,14 +39,14 @@ def master_identity() -> dict[str, object]:
     }
 
 
-def master_alive(job: dict[str, object]) -> bool:
-    if job.get("master_host") != socket.gethostname():
+def master_alive(job: JobRow) -> bool:
+    if job.master_host != socket.gethostname():
         return True  # another machine's master: not ours to judge
-    pid = job.get("master_pid")
+    pid = job.master_pid
     if not isinstance(pid, int):
         return False
     ticks = process_start_ticks(pid)
-    return ticks is not None and ticks == job.get("master_started_ticks")
+    return ticks is not None and ticks == job.master_started_ticks
 
 
 def reap_interrupted(store: Store) -> list[str]:
@@ -55,18 +56,18 @@ def reap_interrupted(store: Store) -> list[str]:
         if master_alive(job):
             continue
         msg = (
-            f"The master (pid {job.get('master_pid')}) stopped while the job was "
-            f"{job['state']}; the job was interrupted."
+            f"The master (pid {job.master_pid}) stopped while the job was "
+            f"{job.state}; the job was interrupted."
         )
         if store.set_state_if(
-            str(job["id"]),
-            str(job["state"]),
+            str(job.id),
+            str(job.state),
             JobState.INTERRUPTED.value,
             time.time(),
             ended_at_s=time.time(),
             error_code=ErrorCode.MASTER_LOST,
             error_message=msg,
         ):
-            store.close_open_rows(str(job["id"]), time.time(), "interrupted")
-            reaped.append(str(job["id"]))
+            store.close_open_rows(str(job.id), time.time(), "interrupted")
+            reaped.append(str(job.id))
     return reaped

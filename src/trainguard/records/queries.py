@@ -47,19 +47,19 @@ class StoreReader:
     def records(self, ref: str, aggregate_: bool) -> list[dict[str, Any]]:
         job = self.store.resolve_job(ref)
         if aggregate_:
-            return aggregate(self.store.failures_of(job["id"]))
-        return self.store.restarts_of(job["id"])
+            return aggregate(self.store.failures_of(job.id))
+        return self.store.restarts_of(job.id)
 
     def explain(self, ref: str) -> dict[str, Any]:
         job = self.store.resolve_job(ref)
         verdicts = [
             {"at_s": e["at_s"], "kind": e["kind"], "text": e["text"]}
-            for e in self.store.events_of(job["id"])
+            for e in self.store.events_of(job.id)
             if e["kind"] in EXPLAINED_EVENTS
         ]
         return {
             "job": job_summary(job),
-            "failures": self.store.failures_of(job["id"]),
+            "failures": self.store.failures_of(job.id),
             "decisions": verdicts,
         }
 
@@ -68,7 +68,7 @@ class StoreReader:
         return [
             {
                 "id": r["id"],
-                "job_id": job["id"],
+                "job_id": job.id,
                 "attempt": r["attempt"],
                 "at_s": r["at_s"],
                 "kind": r["kind"],
@@ -78,19 +78,19 @@ class StoreReader:
                 "report": json.loads(r["report_json"]),
                 "snapshots": json.loads(r["snapshots_json"]),
             }
-            for r in self.store.snapshots_of(job["id"], attempt)
+            for r in self.store.snapshots_of(job.id, attempt)
         ]
 
     def goodput(self, ref: str) -> dict[str, Any]:
         job = self.store.resolve_job(ref)
-        steps = self.store.progress_of(job["id"])
+        steps = self.store.progress_of(job.id)
         g = goodput(
             job,
-            self.store.attempts_of(job["id"]),
-            self.store.restarts_of(job["id"]),
+            self.store.attempts_of(job.id),
+            self.store.restarts_of(job.id),
             steps,
             time.time(),
-            self.store.transitions_of(job["id"]),
+            self.store.transitions_of(job.id),
         )
         return {**g, "job": job_summary(job), "has_progress": bool(steps)}
 
@@ -99,21 +99,21 @@ class StoreReader:
     ) -> dict[str, Any]:
         """A replica's log of one attempt (default: the primary's, of the last attempt)."""
         job = self.store.resolve_job(ref)
-        runs = self.store.runs_of(job["id"], attempt)
+        runs = self.store.runs_of(job.id, attempt)
         if not runs:
             where = f" in attempt {attempt}" if attempt is not None else ""
-            raise JobNotFound(f"job {job['id']} has no replica runs{where}")
+            raise JobNotFound(f"job {job.id} has no replica runs{where}")
         last = max(r["attempt"] for r in runs)
         runs = [r for r in runs if r["attempt"] == last]
         name = replica or min(runs, key=lambda r: r["rank"])["replica"]
         mine = [r for r in runs if r["replica"] == name]
         if not mine:
             names = ", ".join(sorted({r["replica"] for r in runs}))
-            raise JobNotFound(f"job {job['id']} has no replica {name!r} (it has: {names})")
+            raise JobNotFound(f"job {job.id} has no replica {name!r} (it has: {names})")
         path = Path(mine[-1]["log_path"])
         # The path comes from the store, but a log is only ever read inside the job's folder.
-        if not path.resolve().is_relative_to(Path(job["log_dir"]).resolve()):
-            raise JobNotFound(f"job {job['id']}: log {path} is outside the job's folder")
+        if not path.resolve().is_relative_to(Path(job.log_dir).resolve()):
+            raise JobNotFound(f"job {job.id}: log {path} is outside the job's folder")
         text, exists = "", path.is_file()
         if exists:
             with open(path, "rb") as fh:
@@ -124,7 +124,7 @@ class StoreReader:
         if tail is not None:
             text = "\n".join(text.splitlines()[-tail:]) + "\n" if tail > 0 else ""
         return {
-            "job_id": job["id"],
+            "job_id": job.id,
             "replica": name,
             "attempt": last,
             "path": str(path),

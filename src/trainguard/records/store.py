@@ -34,6 +34,7 @@ from trainguard.records.engine import (
     one_line,
     shown,
 )
+from trainguard.records.rows import JobRow
 from trainguard.records.schema import (
     attempts,
     events,
@@ -46,6 +47,7 @@ from trainguard.records.schema import (
     stack_snapshots,
     transitions,
 )
+from trainguard.states import JobState
 
 
 class Store:
@@ -195,21 +197,23 @@ class Store:
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(stmt)]
 
-    def list_jobs(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self._rows(select(jobs).order_by(jobs.c.created_at_s.desc()).limit(limit))
+    def _jobs(self, stmt: Any) -> list[JobRow]:
+        with self._tx() as conn:
+            return [JobRow.of(r._mapping) for r in conn.execute(stmt)]
 
-    def live_jobs(self) -> list[dict[str, Any]]:
-        from trainguard.states import JobState
+    def list_jobs(self, limit: int = 50) -> list[JobRow]:
+        return self._jobs(select(jobs).order_by(jobs.c.created_at_s.desc()).limit(limit))
 
+    def live_jobs(self) -> list[JobRow]:
         live = [s.value for s in JobState if not s.is_terminal]
-        return self._rows(select(jobs).where(jobs.c.state.in_(live)))
+        return self._jobs(select(jobs).where(jobs.c.state.in_(live)))
 
-    def jobs_in(self, states: list[str], origin: str | None = None) -> list[dict[str, Any]]:
+    def jobs_in(self, states: list[str], origin: str | None = None) -> list[JobRow]:
         """Jobs in these states (of one origin, e.g. the server's), oldest first."""
         stmt = select(jobs).where(jobs.c.state.in_(states))
         if origin is not None:
             stmt = stmt.where(jobs.c.origin == origin)
-        return self._rows(stmt.order_by(jobs.c.created_at_s))
+        return self._jobs(stmt.order_by(jobs.c.created_at_s))
 
     def count_transitions(self, job_id: str, reason: str) -> int:
         return len(
@@ -220,18 +224,18 @@ class Store:
             )
         )
 
-    def resolve_job(self, ref: str) -> dict[str, Any]:
+    def resolve_job(self, ref: str) -> JobRow:
         """A job by id, or by name (the most recent job of that name)."""
-        rows = self._rows(select(jobs).where(jobs.c.id == ref))
+        rows = self._jobs(select(jobs).where(jobs.c.id == ref))
         if not rows:
-            rows = self._rows(
+            rows = self._jobs(
                 select(jobs).where(jobs.c.name == ref).order_by(jobs.c.created_at_s.desc()).limit(1)
             )
         if not rows:
             raise JobNotFound(f"no job with id or name {ref!r} in {self.home}")
         return rows[0]
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> JobRow:
         return self.resolve_job(job_id)
 
     def attempts_of(self, job_id: str) -> list[dict[str, Any]]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainguard.records.rows import JobRow
 from trainguard.records.store import Store
 
 
-def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
-    job_id = job["id"]
+def job_view(store: Store, job: JobRow) -> dict[str, Any]:
+    job_id = job.id
     runs = store.runs_of(job_id)
     last_attempt = max((r["attempt"] for r in runs), default=0)
     latest: dict[str, dict[str, Any]] = {}
@@ -17,28 +18,28 @@ def job_view(store: Store, job: dict[str, Any]) -> dict[str, Any]:
         if r["attempt"] == last_attempt:
             latest[r["replica"]] = r  # the last run of each replica wins
     restarts = store.restarts_of(job_id)
-    metrics = job.get("last_metrics_json")
+    metrics = job.last_metrics_json
     return {
         "id": job_id,
-        "name": job["name"],
-        "state": job["state"],
-        "attempts": job["attempts"],
+        "name": job.name,
+        "state": job.state,
+        "attempts": job.attempts,
         "restarts": len(restarts),
-        "error_code": job["error_code"],
-        "error_message": job["error_message"],
-        "created_at_s": job["created_at_s"],
-        "ended_at_s": job["ended_at_s"],
-        "master_pid": job["master_pid"],
-        "log_dir": job["log_dir"],
-        "origin": job.get("origin"),
-        "priority": job.get("priority"),
-        "queued_reason": job.get("queued_reason"),
+        "error_code": job.error_code,
+        "error_message": job.error_message,
+        "created_at_s": job.created_at_s,
+        "ended_at_s": job.ended_at_s,
+        "master_pid": job.master_pid,
+        "log_dir": job.log_dir,
+        "origin": job.origin,
+        "priority": job.priority,
+        "queued_reason": job.queued_reason,
         "progress": {
-            "step": job.get("last_step"),
+            "step": job.last_step,
             "metrics": json.loads(metrics) if metrics else None,
-            "at_s": job.get("last_progress_s"),
+            "at_s": job.last_progress_s,
         },
-        "spec": json.loads(job["spec_json"]),
+        "spec": json.loads(job.spec_json),
         "replicas": [
             {
                 "name": r["replica"],
@@ -74,5 +75,6 @@ _SUMMARY = (
 )
 
 
-def job_summary(job: dict[str, Any]) -> dict[str, Any]:
-    return {k: job.get(k) for k in _SUMMARY}
+def job_summary(job: JobRow) -> dict[str, Any]:
+    row = job.as_dict()
+    return {k: row[k] for k in _SUMMARY}

@@ -86,7 +86,7 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
         if cwd is not None and not isinstance(cwd, str):
             raise SpecError([f"cwd: must be a path, got {cwd!r}"])
         job = service.submit(body["spec"], cwd)
-        return {"id": job["id"], "name": job["name"], "state": job["state"]}
+        return {"id": job.id, "name": job.name, "state": job.state}
 
     @app.get("/api/queue")
     def queue() -> dict[str, Any]:
@@ -118,9 +118,9 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     def history(ref: JobRef) -> dict[str, Any]:
         job = store.resolve_job(ref)
         return {
-            "transitions": store.transitions_of(job["id"]),
-            "events": store.events_of(job["id"]),
-            "progress": store.progress_of(job["id"])[-500:],
+            "transitions": store.transitions_of(job.id),
+            "events": store.events_of(job.id),
+            "progress": store.progress_of(job.id)[-500:],
         }
 
     @app.get("/api/jobs/{ref}/logs")
@@ -136,12 +136,12 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     def cancel(ref: JobRef) -> dict[str, Any]:
         message = service.cancel(ref)
         job = store.resolve_job(ref)
-        return {"id": job["id"], "state": job["state"], "message": message}
+        return {"id": job.id, "state": job.state, "message": message}
 
     @app.post("/api/jobs/{ref}/resume")
     def resume(ref: JobRef) -> dict[str, Any]:
         job = service.resume(ref)
-        return {"id": job["id"], "state": job["state"], "message": "queued to resume"}
+        return {"id": job.id, "state": job.state, "message": "queued to resume"}
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 
 from trainguard.records.goodput import goodput
+from trainguard.records.rows import JobRow
 from trainguard.records.schema import jobs, restart_records, stack_snapshots
 from trainguard.records.store import Store
 from trainguard.states import JobState
@@ -87,7 +88,7 @@ def render_metrics(store: Store, service: Service | None = None) -> str:
 
     out.family("trainguard_goodput_ratio", "gauge", "Productive time / wall time, per live job.")
     for job, g in _live_goodput(store):
-        out.sample("trainguard_goodput_ratio", g, job_id=job["id"], job_name=job["name"])
+        out.sample("trainguard_goodput_ratio", g, job_id=job.id, job_name=job.name)
 
     if service is not None:
         view = service.queue_view()
@@ -101,16 +102,16 @@ def render_metrics(store: Store, service: Service | None = None) -> str:
     return "\n".join(out.lines) + "\n"
 
 
-def _live_goodput(store: Store) -> Iterable[tuple[dict[str, Any], float]]:
+def _live_goodput(store: Store) -> Iterable[tuple[JobRow, float]]:
     live = [s.value for s in JobState if not s.is_terminal and s is not JobState.QUEUED]
     now = time.time()
     for job in store.jobs_in(live):
         g = goodput(
             job,
-            store.attempts_of(job["id"]),
-            store.restarts_of(job["id"]),
-            store.progress_of(job["id"]),
+            store.attempts_of(job.id),
+            store.restarts_of(job.id),
+            store.progress_of(job.id),
             now,
-            store.transitions_of(job["id"]),
+            store.transitions_of(job.id),
         )
         yield job, float(g["goodput"])

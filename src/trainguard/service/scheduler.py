@@ -22,6 +22,7 @@ from trainguard.errors import SpecError
 from trainguard.master.runner import new_job_id
 from trainguard.records.control import check_resumable, request_cancel
 from trainguard.records.liveness import master_identity, reap_interrupted
+from trainguard.records.rows import JobRow
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store, spec_json
 from trainguard.service.config import ServerConfig
@@ -49,8 +50,8 @@ HOLDING = [
 AUTO_RESUME = "auto-resume: its master was lost"
 
 
-def _spec_of(job: dict[str, Any]) -> JobSpec:
-    return validate_spec(json.loads(job["spec_json"]))
+def _spec_of(job: JobRow) -> JobSpec:
+    return validate_spec(json.loads(job.spec_json))
 
 
 class Service:
@@ -78,7 +79,7 @@ class Service:
 
     # -------------------------------------------------------------- operations
 
-    def submit(self, data: Any, cwd: str | None = None) -> dict[str, Any]:
+    def submit(self, data: Any, cwd: str | None = None) -> JobRow:
         """Validate and queue a job; SpecError names every problem and nothing is stored."""
         spec = validate_spec(data)
         workdir = Path(cwd) if cwd else Path.cwd()
@@ -119,19 +120,19 @@ class Service:
         self.wake()
         return message
 
-    def resume(self, ref: str) -> dict[str, Any]:
+    def resume(self, ref: str) -> JobRow:
         """Put an interrupted or cancelled job back in the queue; its master resumes it."""
         job = self.store.resolve_job(ref)
         check_resumable(job)
         self._requeue(job, "resume requested")
         self.wake()
-        return self.store.job(job["id"])
+        return self.store.job(job.id)
 
-    def _requeue(self, job: dict[str, Any], reason: str) -> bool:
+    def _requeue(self, job: JobRow, reason: str) -> bool:
         now = self.clock()
         return self.store.set_state_if(
-            job["id"],
-            job["state"],
+            job.id,
+            job.state,
             JobState.QUEUED.value,
             now,
             reason,
@@ -152,13 +153,13 @@ class Service:
             "running": len(self.store.jobs_in(HOLDING, ORIGIN)),
             "queued": [
                 {
-                    "id": j["id"],
-                    "name": j["name"],
-                    "priority": j["priority"],
-                    "queued_at_s": j["queued_at_s"],
-                    "reason": j["queued_reason"],
+                    "id": j.id,
+                    "name": j.name,
+                    "priority": j.priority,
+                    "queued_at_s": j.queued_at_s,
+                    "reason": j.queued_reason,
                 }
-                for j in sorted(queued, key=lambda j: (-(j["priority"] or 0), j["queued_at_s"]))
+                for j in sorted(queued, key=lambda j: (-(j.priority or 0), j.queued_at_s or 0.0))
             ],
         }
 
@@ -191,7 +192,7 @@ class Service:
         reap_interrupted(self.store)
         self._auto_resume()
         used, busy_ids = self._holding()
-        rows = {j["id"]: j for j in self.store.jobs_in([JobState.QUEUED.value], ORIGIN)}
+        rows = {j.id: j for j in self.store.jobs_in([JobState.QUEUED.value], ORIGIN)}
         if not rows:
             return []
         queue = [self._queued(j) for j in rows.values()]
@@ -201,7 +202,7 @@ class Service:
                 case Admit():
                     admits.append(decision)
                 case Wait():
-                    if rows[decision.job_id]["queued_reason"] != decision.reason:
+                    if rows[decision.job_id].queued_reason != decision.reason:
                         self.store.update_job(decision.job_id, queued_reason=decision.reason)
                 case Expire():
                     self._end_queued(
@@ -213,9 +214,9 @@ class Service:
                     )
         return admits
 
-    def _parsed(self, job: dict[str, Any]) -> JobSpec:
+    def _parsed(self, job: JobRow) -> JobSpec:
         """A job's spec, parsed once per version of its text (it is read on every pass)."""
-        key = (job["id"], job["spec_json"])
+        key = (job.id, job.spec_json)
         spec = self._specs.get(key)
         if spec is None:
             if len(self._specs) > 10_000:
@@ -232,25 +233,25 @@ class Service:
                 ids.extend(spec.gpu_inventory)
         return used, ids
 
-    def _queued(self, job: dict[str, Any]) -> QueuedJob:
+    def _queued(self, job: JobRow) -> QueuedJob:
         spec = self._parsed(job)
         return QueuedJob(
-            id=job["id"],
+            id=job.id,
             request=request_of(spec),
-            priority=job["priority"] or 0,
-            queued_at_s=job["queued_at_s"] or job["created_at_s"],
+            priority=job.priority or 0,
+            queued_at_s=job.queued_at_s or job.created_at_s,
             max_wait_s=spec.queue.max_wait_s,
             wait_for_capacity=spec.queue.wait_for_capacity,
         )
 
     def _auto_resume(self) -> None:
         for job in self.store.jobs_in([JobState.INTERRUPTED.value], ORIGIN):
-            if job["error_code"] != "MASTER_LOST":
+            if job.error_code != "MASTER_LOST":
                 continue
-            if self.store.count_transitions(job["id"], AUTO_RESUME) >= self.config.auto_resume:
+            if self.store.count_transitions(job.id, AUTO_RESUME) >= self.config.auto_resume:
                 continue
             if self._requeue(job, AUTO_RESUME):
-                self.say(f"job {job['id']}: its master was lost; queued to resume")
+                self.say(f"job {job.id}: its master was lost; queued to resume")
 
     def _end_queued(self, job_id: str, state: JobState, code: str, reason: str) -> None:
         now = self.clock()
@@ -270,13 +271,13 @@ class Service:
         job = self.store.job(decision.job_id)
         values: dict[str, Any] = {"queued_reason": None, **master_identity()}
         if decision.gpu_ids is not None:
-            spec = json.loads(job["spec_json"])
+            spec = json.loads(job.spec_json)
             spec["gpu_inventory"] = list(decision.gpu_ids)
             values["spec_json"] = json.dumps(spec, sort_keys=True)
         # Until the master writes its own identity, the job's master is this server:
         # a reader must not take the admitted job for one whose master died.
         if not self.store.set_state_if(
-            job["id"],
+            job.id,
             JobState.QUEUED.value,
             JobState.PENDING.value,
             self.clock(),
@@ -289,7 +290,7 @@ class Service:
         except OSError as exc:
             msg = f"cannot start the job's master: {exc}"
             self.store.set_state_if(
-                job["id"],
+                job.id,
                 JobState.PENDING.value,
                 JobState.FAILED.value,
                 self.clock(),
@@ -299,13 +300,13 @@ class Service:
                 error_message=msg,
             )
 
-    async def _start_master(self, job: dict[str, Any]) -> None:
-        log_dir = Path(job["log_dir"])
+    async def _start_master(self, job: JobRow) -> None:
+        log_dir = Path(job.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "trainguard", "--home", str(self.store.home)]
         if self.store.engine.url.get_backend_name() != "sqlite":
             argv += ["--db", self.store.engine.url.render_as_string(hide_password=False)]
-        argv += ["_master", job["id"]]
+        argv += ["_master", job.id]
         env = dict(os.environ)
         if self.config.notifications:
             env["TRAINGUARD_NOTIFY_RULES"] = json.dumps(
@@ -317,13 +318,13 @@ class Service:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                cwd=job["cwd"] or None,
+                cwd=job.cwd or None,
                 env=env,
                 start_new_session=True,  # it outlives a restart of the server
             )
         self.masters_started += 1
-        self._children[job["id"]] = proc
-        task = asyncio.create_task(self._reap_child(job["id"], proc))
+        self._children[job.id] = proc
+        task = asyncio.create_task(self._reap_child(job.id, proc))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
