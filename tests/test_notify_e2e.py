@@ -3,61 +3,37 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import TG, child, wait_for
+from notify_harness import (  # noqa: F401  (fixtures)
+    Receiver,
+    _no_proxy,
+    dead_url,
+    receiver,
+)
 from test_server import Server
 
 from trainguard.notify.signing import verify
 
 
-class Receiver:
-    def __init__(self) -> None:
-        self.got: list[tuple[dict[str, str], bytes]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.got.append((dict(self.headers), body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for _, body in self.got]
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.httpd.shutdown()
+def hook(receiver: Callable[..., Receiver]) -> Receiver:
+    """One real HTTP receiver (tests/notify_harness.py) for the job's webhooks."""
+    return receiver()
 
 
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/down"
+def _events(r: Receiver) -> list[dict[str, Any]]:
+    return [h.json for h in r.hits]
 
 
 def test_a_job_spec_rule_runs_a_command_and_posts_a_webhook(
-    tg: TG, tmp_path: Path, receiver: Receiver
+    tg: TG, tmp_path: Path, hook: Receiver
 ) -> None:
     out = tmp_path / "events.jsonl"
     spec = {
@@ -82,7 +58,7 @@ def test_a_job_spec_rule_runs_a_command_and_posts_a_webhook(
             },
             {
                 "sink": "webhook",
-                "url": receiver.url,
+                "url": f"{hook.url}/hook",
                 "secret": "k",
                 "events": ["state_change"],
                 "states": ["SUCCEEDED"],
@@ -98,20 +74,24 @@ def test_a_job_spec_rule_runs_a_command_and_posts_a_webhook(
     kinds = [e["event"] for e in lines]
     assert kinds.count("custom_message") == 1 and kinds.count("restart") == 1
     assert next(e for e in lines if e["event"] == "custom_message")["text"] == "loss is NaN"
-    posted = receiver.events()
+    posted = _events(hook)
     assert [(e["event"], e["state"]) for e in posted] == [("state_change", "SUCCEEDED")]
-    headers, body = receiver.got[0]
-    assert verify("k", body, headers["X-Trainguard-Signature"])
+    first = hook.hits[0]
+    assert verify("k", first.body, first.headers["x-trainguard-signature"])
 
 
-def test_server_rules_reach_every_job(tg: TG, tmp_path: Path, receiver: Receiver) -> None:
+def test_server_rules_reach_every_job(tg: TG, tmp_path: Path, hook: Receiver) -> None:
     config = tmp_path / "server.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "quota": {"cpus": 2},
                 "notifications": [
-                    {"sink": "webhook", "url": receiver.url, "events": ["restart", "state_change"]}
+                    {
+                        "sink": "webhook",
+                        "url": f"{hook.url}/hook",
+                        "events": ["restart", "state_change"],
+                    }
                 ],
             }
         )
@@ -123,7 +103,7 @@ def test_server_rules_reach_every_job(tg: TG, tmp_path: Path, receiver: Receiver
         )
         assert srv.wait_state(job_id, "SUCCEEDED", "FAILED") == "SUCCEEDED"
         events = wait_for(
-            lambda: (e := receiver.events()) and e[-1].get("state") == "SUCCEEDED" and e,
+            lambda: (e := _events(hook)) and e[-1].get("state") == "SUCCEEDED" and e,
             15,
             "the SUCCEEDED notification",
         )

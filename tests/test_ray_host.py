@@ -32,6 +32,7 @@ def test_the_host_runs_a_command_and_hands_over_output_and_exit_code(tmp_path: o
     info = host.start(child("*:print:one", "*:print:two", "*:exit:3"), {"RANK": "0"}, "/")
     assert "pid" in info
     out, code = _drain(host)
+    host.close()
     assert out.decode().splitlines() == ["one", "two"] and code == 3
 
 
@@ -42,6 +43,7 @@ def test_a_signal_reaches_the_replicas_group_and_the_exit_says_so() -> None:
     assert data == b"up\n"
     assert host.signal(signal.SIGTERM)
     _, code = _drain(host)
+    host.close()
     assert code == -signal.SIGTERM
     assert not alive(int(info["pid"]))
 

@@ -32,13 +32,19 @@ def request(
     conn: http.client.HTTPConnection | None = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, object]]:
+    """One call; on a connection of its own unless `conn` is given (then the caller's)."""
+    own = conn is None
     conn = conn or http.client.HTTPConnection("127.0.0.1", master.server.port, timeout=WAIT_S)
-    sent = dict(headers or {})
-    if token is not None:
-        sent["Authorization"] = f"Bearer {master.token if token == 'right' else token}"
-    conn.request(method, path, body.encode() if isinstance(body, str) else body, sent)
-    response = conn.getresponse()
-    raw = response.read().decode()
+    try:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {master.token if token == 'right' else token}"
+        conn.request(method, path, body.encode() if isinstance(body, str) else body, sent)
+        response = conn.getresponse()
+        raw = response.read().decode()
+    finally:
+        if own:
+            conn.close()
     assert "\n" not in raw  # one line
     return response.status, json.loads(raw)
 

@@ -260,6 +260,7 @@ def test_token_is_required_off_loopback_and_checked(server_factory: Any, tg: TG)
     with pytest.raises(urllib.error.HTTPError) as err:
         srv.http("GET", "/api/jobs", token=None)
     assert err.value.code == 401
+    err.value.close()
     assert srv.http("GET", "/api/jobs", token="s3cret") == (200, [])
     denied = srv.cli("jobs", token=None)
     assert denied.returncode != 0 and "token" in denied.stderr and "Traceback" not in denied.stderr
@@ -277,6 +278,7 @@ def test_a_default_server_is_never_open(server_factory: Any, tg: TG) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         srv.http("GET", "/api/jobs", token=None)
     assert err.value.code == 401
+    err.value.close()
     assert srv.http("GET", "/api/jobs") == (200, [])
     assert srv.cli("jobs", "--json").returncode == 0  # no flag: the CLI read the file
     job_id = srv.submit("--", "true")
@@ -302,11 +304,13 @@ def test_bad_input_is_named_and_nothing_is_stored(server_factory: Any) -> None:
         srv.http("POST", "/api/jobs", {"spec": {"name": "x", "worker_pools": [{"replicas": 0}]}})
     assert err.value.code == 422
     body = json.loads(err.value.read())
+    err.value.close()
     assert "worker_pools[0].replicas: must be >= 1, got 0" in body["problems"]
     assert "worker_pools[0].command: is required" in body["problems"]
     with pytest.raises(urllib.error.HTTPError) as err:
         srv.http("GET", "/api/jobs/..%2F..%2Fetc")
     assert err.value.code in (404, 422)
+    err.value.close()
     missing = srv.cli("status", "nope")
     assert missing.returncode != 0 and "no job with id or name 'nope'" in missing.stderr
     assert srv.json("jobs") == []

@@ -55,6 +55,8 @@ def spawn() -> Iterator[Spawn]:
     for proc in procs:
         proc.kill()
         proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
 
 
 def main_names(s: ReplicaSnapshot) -> list[str]:

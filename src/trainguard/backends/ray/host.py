@@ -137,6 +137,12 @@ class ReplicaHost:
             self._guardian.forget(proc.pid)
         return b"", code
 
+    def close(self) -> None:
+        """Stop the guardian: what it still watches goes with it (the actor's end)."""
+        if self._guardian is not None:
+            self._guardian.close()
+            self._guardian = None
+
     def signal(self, signum: int) -> bool:
         proc = self._proc
         if proc is None:
