@@ -5,8 +5,10 @@ drive the master's and the policy's logic step by step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from trainguard.backends.api import (
@@ -17,8 +19,12 @@ from trainguard.backends.api import (
     ReplicaStarted,
 )
 from trainguard.hangs.snapshot import snapshot_all
+from trainguard.master.loop import Master
 from trainguard.policy.classes import ExitEvidence
+from trainguard.records.recorder import Recorder
 from trainguard.records.rows import JobRow
+from trainguard.records.store import Store
+from trainguard.spec.models import validate_spec
 
 
 class FakeClock:
@@ -110,3 +116,28 @@ def job_row(**values: Any) -> JobRow:
     base.update(id="job-1", name="t", spec_json="{}", state="RUNNING", created_at_s=0.0)
     base.update(attempts=0, log_dir="/tmp")
     return JobRow(**(base | values))
+
+
+def make_master(
+    tmp_path: Path, backend: FakeBackend, clock: Callable[[], float] | None = None, **spec: Any
+) -> tuple[Master, Store]:
+    """A job master on `backend` with a real store under `tmp_path`: 2 workers by default."""
+    data: dict[str, Any] = {
+        "name": "t",
+        "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
+        **spec,
+    }
+    job = validate_spec(data)
+    store = Store(tmp_path / "home")
+    rec = Recorder(store, "job-1")
+    rec.job_created(name="t", spec=job, log_dir=tmp_path / "logs", at_s=0.0, master={})
+    m = Master(
+        job_id="job-1",
+        spec=job,
+        backend=backend,
+        recorder=rec,
+        log_dir=tmp_path / "logs",
+        cwd=str(tmp_path),
+        clock=clock or time.time,
+    )
+    return m, store

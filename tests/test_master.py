@@ -8,40 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeBackend
+from fakes import FakeBackend, make_master
 
 from trainguard.backends.api import Launch, ReplicaExited
 from trainguard.master.events import CancelRequested
 from trainguard.master.loop import Master
 from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE, ExitEvidence
-from trainguard.records.recorder import Recorder
 from trainguard.records.store import Store
-from trainguard.spec.models import validate_spec
 from trainguard.states import JobState
 
 
 def make(
     tmp_path: Path, backend: FakeBackend, replicas: int = 2, **ft: object
 ) -> tuple[Master, Store]:
-    spec = validate_spec(
-        {
-            "name": "t",
-            "worker_pools": [{"role": "worker", "replicas": replicas, "command": ["x"]}],
-            "fault_tolerance": ft,
-        }
-    )
-    store = Store(tmp_path / "home")
-    rec = Recorder(store, "job-1")
-    rec.job_created(name="t", spec=spec, log_dir=tmp_path / "logs", at_s=0.0, master={})
-    master = Master(
-        job_id="job-1",
-        spec=spec,
-        backend=backend,
-        recorder=rec,
-        log_dir=tmp_path / "logs",
-        cwd=str(tmp_path),
-    )
-    return master, store
+    pools = [{"role": "worker", "replicas": replicas, "command": ["x"]}]
+    return make_master(tmp_path, backend, worker_pools=pools, fault_tolerance=ft)
 
 
 async def drain(master: Master) -> None:

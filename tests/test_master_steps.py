@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 import io
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
-from fakes import FakeBackend, FakeClock
+from fakes import FakeBackend, FakeClock, make_master
 
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.events import CapacityRetry, Transition
@@ -29,34 +27,7 @@ from trainguard.policy.decisions import (
 )
 from trainguard.records.explain import print_explain
 from trainguard.records.queries import StoreReader
-from trainguard.records.recorder import Recorder
-from trainguard.records.store import Store
-from trainguard.spec.models import validate_spec
 from trainguard.states import JobState
-
-
-def _master(
-    tmp_path: Path, backend: FakeBackend, clock: FakeClock | None = None, **spec: Any
-) -> tuple[Master, Store]:
-    data: dict[str, Any] = {
-        "name": "t",
-        "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
-        **spec,
-    }
-    job = validate_spec(data)
-    store = Store(tmp_path / "home")
-    rec = Recorder(store, "job-1")
-    rec.job_created(name="t", spec=job, log_dir=tmp_path / "logs", at_s=0.0, master={})
-    m = Master(
-        job_id="job-1",
-        spec=job,
-        backend=backend,
-        recorder=rec,
-        log_dir=tmp_path / "logs",
-        cwd=str(tmp_path),
-        clock=clock or time.time,
-    )
-    return m, store
 
 
 async def _turns(m: Master) -> list[Transition]:
@@ -76,7 +47,7 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
         be = FakeBackend()
         be.no_capacity = "no node has 8 GPUs"
         queue = {"wait_for_capacity": True, "capacity_retry_s": 0.01, "max_wait_s": 0.05}
-        m, store = _master(tmp_path, be, queue=queue)
+        m, store = make_master(tmp_path, be, queue=queue)
         await m.begin()
         assert m.state is JobState.RESTARTING and be.launches == []
         job = store.job("job-1")
@@ -107,7 +78,7 @@ def test_a_start_without_capacity_fails_when_waiting_is_off(tmp_path: Path) -> N
     async def scenario() -> None:
         be = FakeBackend()
         be.no_capacity = "no node has 8 GPUs"
-        m, store = _master(tmp_path, be)
+        m, store = make_master(tmp_path, be)
         await m.begin()
         assert m.state is JobState.FAILED
         assert store.job("job-1").error_code == "CAPACITY"
@@ -120,7 +91,7 @@ def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
         be.no_capacity = "no capacity"
-        m, _ = _master(tmp_path, be, queue={"wait_for_capacity": True, "capacity_retry_s": 60})
+        m, _ = make_master(tmp_path, be, queue={"wait_for_capacity": True, "capacity_retry_s": 60})
         await m.begin()
         be.no_capacity = None
         t = await m.step(CapacityRetry(m.attempt))
@@ -136,7 +107,7 @@ def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
 def test_a_clean_exit_before_the_others_arms_the_exit_hang_timer(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, _ = _master(
+        m, _ = make_master(
             tmp_path,
             be,
             success_policy="all",
@@ -164,7 +135,7 @@ def test_a_hang_restarts_the_job_and_a_second_at_the_same_point_fails_it(tmp_pat
     async def scenario() -> None:
         be = FakeBackend()
         # 1 s after the fake replicas started: both hangs are in start-up, no step reached
-        m, _ = _master(tmp_path, be, FakeClock(2.0), fault_tolerance={"job_hang_interval": 1})
+        m, _ = make_master(tmp_path, be, FakeClock(2.0), fault_tolerance={"job_hang_interval": 1})
         await m.begin()
         await _turns(m)
         m.hangs.alive("worker-0")
@@ -189,7 +160,7 @@ def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part
     async def scenario() -> None:
         be = FakeBackend()
         pools = [{"role": "shard", "replicas": 2, "command": ["x"]}]
-        m, store = _master(
+        m, store = make_master(
             tmp_path,
             be,
             framework="batch",
@@ -223,7 +194,7 @@ def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part
 def test_an_injected_signal_goes_through_the_backend(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, _ = _master(tmp_path, be, fault_injection=["signal:worker-1:SIGSEGV@0.01s"])
+        m, _ = make_master(tmp_path, be, fault_injection=["signal:worker-1:SIGSEGV@0.01s"])
         await m.begin()
         await _turns(m)  # RUNNING: the injection's clock starts
         await asyncio.sleep(0.05)
@@ -236,7 +207,7 @@ def test_an_injected_signal_goes_through_the_backend(tmp_path: Path) -> None:
 def test_an_internal_error_restarts_within_its_budget_then_fails(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, store = _master(tmp_path, be, fault_tolerance={"max_internal_restarts": 1})
+        m, store = make_master(tmp_path, be, fault_tolerance={"max_internal_restarts": 1})
         await m.begin()
         await _turns(m)
         assert await m._internal_error(RuntimeError("boom")) is True  # a new attempt next
@@ -252,7 +223,7 @@ def test_an_internal_error_restarts_within_its_budget_then_fails(tmp_path: Path)
 def test_step_returns_no_decision_for_an_event_that_needs_none(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, _ = _master(tmp_path, be)
+        m, _ = make_master(tmp_path, be)
         await m.begin()
         turns = await _turns(m)
         assert [t.decisions for t in turns] == [(), ()]
