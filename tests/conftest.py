@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from postgres import postgres_url  # noqa: F401 (a session fixture for every test file)
@@ -22,10 +22,13 @@ CHILD = str(ROOT / "tests" / "bins" / "child.py")
 class TG:
     """The `trainguard` CLI bound to one TRAINGUARD_HOME."""
 
+    made: ClassVar[list[TG]] = []  # every one this test made: closed when it ends
+
     def __init__(self, home: Path) -> None:
         self.home = home
         self.env = {**os.environ, "TRAINGUARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.started: list[subprocess.Popen[str]] = []
+        TG.made.append(self)
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "trainguard", *args]
@@ -57,6 +60,7 @@ class TG:
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
+        self.started = []
 
     def json(self, *args: str) -> Any:
         res = self(*args, "--json")
@@ -77,9 +81,15 @@ class TG:
 
 @pytest.fixture
 def tg(tmp_path: Path) -> Iterator[TG]:
-    cli = TG(tmp_path / "home")
-    yield cli
-    cli.close()
+    yield TG(tmp_path / "home")
+
+
+@pytest.fixture(autouse=True)
+def _close_clis() -> Iterator[None]:
+    """Whatever CLI processes a test started, through `tg` or a TG of its own, end with it."""
+    yield
+    while TG.made:
+        TG.made.pop().close()
 
 
 def child(*actions: str) -> list[str]:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainguard.backends.api import (
     BackendEvent,
@@ -22,7 +22,7 @@ from trainguard.hangs.snapshot import snapshot_all
 from trainguard.master.loop import Master
 from trainguard.policy.classes import ExitEvidence
 from trainguard.records.recorder import Recorder
-from trainguard.records.rows import JobRow
+from trainguard.records.rows import JobRow, _Row
 from trainguard.records.store import Store
 from trainguard.spec.models import validate_spec
 
@@ -110,12 +110,19 @@ class FakeBackend:
         await self.stop(list(self.live), 0)
 
 
+R = TypeVar("R", bound=_Row)
+
+
+def row(kind: type[R], **values: Any) -> R:
+    """A store row of `kind` with None for every column a test does not name."""
+    return kind(**({f.name: None for f in fields(kind)} | values))
+
+
 def job_row(**values: Any) -> JobRow:
     """A jobs row with defaults for what a test does not care about."""
-    base: dict[str, Any] = {f.name: None for f in fields(JobRow)}
-    base.update(id="job-1", name="t", spec_json="{}", state="RUNNING", created_at_s=0.0)
-    base.update(attempts=0, log_dir="/tmp")
-    return JobRow(**(base | values))
+    base: dict[str, Any] = {"id": "job-1", "name": "t", "spec_json": "{}", "state": "RUNNING"}
+    base |= {"created_at_s": 0.0, "attempts": 0, "log_dir": "/tmp"}
+    return row(JobRow, **(base | values))
 
 
 def make_master(

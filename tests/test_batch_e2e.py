@@ -8,6 +8,7 @@ import pytest
 import yaml
 from conftest import TG, child
 
+from trainguard.records.rows import RunRow
 from trainguard.records.store import Store
 
 # shard 0 succeeds; shard 1 is killed on its first two runs, then succeeds; shard 2 is
@@ -43,12 +44,12 @@ def test_shards_retry_alone_and_a_spent_shard_fails_the_job_or_is_listed(
 ) -> None:
     res = tg("run", "-f", _job(tmp_path, allow_partial=partial))
     status = tg.only_job()
-    by_shard: dict[str, list[dict[str, object]]] = {}
+    by_shard: dict[str, list[RunRow]] = {}
     for run in Store(tg.home).runs_of(status["id"]):
-        by_shard.setdefault(str(run["replica"]), []).append(run)
+        by_shard.setdefault(str(run.replica), []).append(run)
     assert len(by_shard["shard-0"]) == 1  # never restarted: the others' failures are theirs
-    assert [r["state"] for r in by_shard["shard-1"]] == ["FAILED", "FAILED", "SUCCEEDED"]
-    assert [r["state"] for r in by_shard["shard-2"]] == ["FAILED"] * 3
+    assert [r.state for r in by_shard["shard-1"]] == ["FAILED", "FAILED", "SUCCEEDED"]
+    assert [r.state for r in by_shard["shard-2"]] == ["FAILED"] * 3
     assert status["attempts"] == 1  # no job restart, ever
     log = (Path(status["log_dir"]) / "attempt-0" / "shard-1.r2.log").read_text()
     assert log.splitlines()[:2] == ["SHARD_INDEX=1", "SHARD_COUNT=3"]

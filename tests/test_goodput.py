@@ -5,26 +5,34 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, TG
-from fakes import job_row
+from fakes import job_row, row
 
 from trainguard.records.goodput import goodput
+from trainguard.records.rows import AttemptRow, ProgressRow, RestartRow, TransitionRow
+
+
+def _attempt(number: int, started_at_s: float) -> AttemptRow:
+    return row(AttemptRow, number=number, started_at_s=started_at_s)
+
+
+def _step(attempt: int, step: int, at_s: float) -> ProgressRow:
+    return row(ProgressRow, attempt=attempt, step=step, at_s=at_s)
 
 
 def test_a_job_killed_once_table() -> None:
     # attempt 0: starts at 0, steps 1..5 at t=2..6, killed at t=6.5 (decided at 6.6)
     # attempt 1: starts at 7, resumes from step 4: steps 4..10 at t=9..15; job ends at 16
     job = job_row(created_at_s=0.0, ended_at_s=16.0)
-    attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 7.0}]
-    steps: list[dict[str, object]] = [
-        {"attempt": 0, "step": s, "at_s": 1.0 + s, "checkpoint": None} for s in range(1, 6)
-    ]
-    steps += [{"attempt": 1, "step": s, "at_s": 5.0 + s, "checkpoint": None} for s in range(4, 11)]
-    steps[3]["checkpoint"], steps[3]["commit_ms"] = "checkpoint_000001", 500.0
-    restarts = [{"at_s": 6.6, "stop_ms": 100.0, "schedule_ms": 0.0, "start_ms": 300.0}]
+    attempts = [_attempt(0, 0.0), _attempt(1, 7.0)]
+    steps = [_step(0, s, 1.0 + s) for s in range(1, 6)]
+    steps += [_step(1, s, 5.0 + s) for s in range(4, 11)]
+    steps[3] = replace(steps[3], checkpoint="checkpoint_000001", commit_ms=500.0)
+    restarts = [row(RestartRow, at_s=6.6, stop_ms=100.0, schedule_ms=0.0, start_ms=300.0)]
     g = goodput(job, attempts, restarts, steps, now_s=99.0)
     assert g["total_s"] == 16.0
     assert g["badput"]["startup_s"] == pytest.approx(2.0 + 2.0)
@@ -41,11 +49,10 @@ def test_a_job_killed_once_table() -> None:
 
 def test_a_hang_counts_as_hang_waiting() -> None:
     job = job_row(created_at_s=0.0, ended_at_s=20.0)
-    attempts = [{"number": 0, "started_at_s": 0.0}, {"number": 1, "started_at_s": 12.0}]
-    steps = [{"attempt": 0, "step": 1, "at_s": 1.0}, {"attempt": 0, "step": 2, "at_s": 2.0}]
-    steps += [{"attempt": 1, "step": 3, "at_s": 14.0}, {"attempt": 1, "step": 4, "at_s": 15.0}]
+    attempts = [_attempt(0, 0.0), _attempt(1, 12.0)]
+    steps = [_step(0, 1, 1.0), _step(0, 2, 2.0), _step(1, 3, 14.0), _step(1, 4, 15.0)]
     restarts = [
-        {"at_s": 11.0, "failure_class": "hang", "stop_ms": 0, "schedule_ms": 0, "start_ms": 0}
+        row(RestartRow, at_s=11.0, failure_class="hang", stop_ms=0, schedule_ms=0, start_ms=0)
     ]
     g = goodput(job, attempts, restarts, steps, now_s=20.0)
     assert g["badput"]["hang_waiting_s"] == pytest.approx(9.0)
@@ -54,7 +61,7 @@ def test_a_hang_counts_as_hang_waiting() -> None:
 
 def test_no_failures_no_advice() -> None:
     job = job_row(created_at_s=0.0, ended_at_s=3.0)
-    g = goodput(job, [{"number": 0, "started_at_s": 0.0}], [], [], now_s=3.0)
+    g = goodput(job, [_attempt(0, 0.0)], [], [], now_s=3.0)
     assert g["productive_s"] == 0 and g["advice"]["text"] == "no advice: no failures yet"
 
 
@@ -86,16 +93,17 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
 
 
 def test_time_in_the_servers_queue_is_queueing() -> None:
-    from trainguard.records.goodput import goodput
-
     job = job_row(created_at_s=0.0, ended_at_s=10.0)
     moves = [
-        {"to_state": "QUEUED", "at_s": 0.0},
-        {"to_state": "PENDING", "at_s": 3.0},
-        {"to_state": "RUNNING", "at_s": 3.5},
-        {"to_state": "QUEUED", "at_s": 5.0},  # requeued to resume
-        {"to_state": "PENDING", "at_s": 6.0},
-        {"to_state": "SUCCEEDED", "at_s": 10.0},
+        row(TransitionRow, to_state=state, at_s=at)
+        for state, at in [
+            ("QUEUED", 0.0),
+            ("PENDING", 3.0),
+            ("RUNNING", 3.5),
+            ("QUEUED", 5.0),  # requeued to resume
+            ("PENDING", 6.0),
+            ("SUCCEEDED", 10.0),
+        ]
     ]
     g = goodput(job, [], [], [], 10.0, moves)
     assert g["badput"]["queueing_s"] == 4.0

@@ -30,7 +30,7 @@ def test_a_stall_inside_hang_detect_2_is_a_hang(tg: TG) -> None:
     (rec,) = tg.json("records", job["id"])
     assert rec["error_source"] == "hang_detector" and rec["snapshot_id"] == 1
     # detected within the interval plus a couple of seconds of the stall's start
-    stall_started = Store(tg.home).attempts_of(job["id"])[0]["started_at_s"]
+    stall_started = Store(tg.home).attempts_of(job["id"])[0].started_at_s
     assert f["at_s"] - stall_started < 2 + 3
 
 
@@ -85,7 +85,7 @@ def test_a_start_up_longer_than_its_allowance_is_a_start_up_hang(tg: TG) -> None
     (snap,) = tg.json("stacks", job["id"])
     assert snap["kind"] == "startup_hang"
     # detected at the allowance, not at the 1 s interval
-    started = Store(tg.home).attempts_of(job["id"])[0]["started_at_s"]
+    started = Store(tg.home).attempts_of(job["id"])[0].started_at_s
     assert f["at_s"] - started >= 3
 
 
@@ -109,8 +109,8 @@ def test_a_replica_still_importing_after_its_first_line_is_not_hung(tg: TG, tmp_
     job = tg.only_job()
     assert (job["state"], job["attempts"], job["restarts"]) == ("SUCCEEDED", 1, 0)
     events = Store(tg.home).events_of(job["id"])
-    cleared = [e for e in events if e["kind"] == "hang_cleared"]
-    assert cleared and "still importing" in cleared[0]["text"], events
+    cleared = [e for e in events if e.kind == "hang_cleared"]
+    assert cleared and "still importing" in str(cleared[0].text), events
 
 
 def test_an_exit_hang_is_detected_and_retried(tg: TG) -> None:
@@ -178,7 +178,7 @@ def test_custom_messages_are_recorded(tg: TG) -> None:
     assert rc == 0, err
     job = tg.only_job()
     (ev,) = Store(tg.home).events_of(job["id"])
-    assert (ev["replica"], ev["kind"], ev["text"]) == (
+    assert (ev.replica, ev.kind, ev.text) == (
         "worker-1",
         "custom_message",
         "loss is NaN at step 7",

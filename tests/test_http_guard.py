@@ -110,9 +110,12 @@ def test_every_answer_forbids_framing(client: TestClient) -> None:
 def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request(method, path, body=body, headers=headers)
-    resp = conn.getresponse()
-    return resp.status, dict(resp.getheaders()), resp.read()
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
 
 
 @pytest.mark.slow

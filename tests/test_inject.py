@@ -74,7 +74,7 @@ def test_an_injected_kill_is_recovered_and_recorded_as_an_injection(tg: TG) -> N
         "137",
     )
     (ev,) = Store(tg.home).events_of(job["id"])
-    assert (ev["kind"], ev["text"]) == ("injection", "send SIGKILL to worker-1 1 s into attempt 0")
+    assert (ev.kind, ev.text) == ("injection", "send SIGKILL to worker-1 1 s into attempt 0")
 
 
 def test_an_injected_segfault_at_a_reported_step(tg: TG) -> None:

@@ -244,12 +244,13 @@ def test_external_kill_restarts_the_job_with_a_fresh_port(tg: TG, tmp_path: Path
     # the exit was seen within well under a second of the kill (event driven, no polling)
     store = Store(tg.home)
     runs = store.runs_of(job_id, attempt=0)
-    killed = next(r for r in runs if r["replica"] == "worker-1")
-    seen_ms = (killed["ended_at_s"] - killed_at) * 1000
+    killed = next(r for r in runs if r.replica == "worker-1")
+    assert killed.ended_at_s is not None
+    seen_ms = (killed.ended_at_s - killed_at) * 1000
     print(f"kill -> exit seen: {seen_ms:.1f} ms")
     assert seen_ms < 1000
-    assert next(r for r in runs if r["replica"] == "worker-0")["stop_requested"]
-    ports = {a["master_port"] for a in store.attempts_of(job_id)}
+    assert next(r for r in runs if r.replica == "worker-0").stop_requested
+    ports = {a.master_port for a in store.attempts_of(job_id)}
     assert len(ports) == 2  # a fresh MASTER_PORT for the new attempt
     assert port0
     os.kill(proc.pid, signal.SIGINT)
@@ -270,7 +271,7 @@ def test_ctrl_c_cancels_cleanly(tg: TG, tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 130
     job = tg.json("status", job_id)
     assert job["state"] == "CANCELLED" and job["restarts"] == 0
-    states = [t["to_state"] for t in Store(tg.home).transitions_of(job_id)]
+    states = [t.to_state for t in Store(tg.home).transitions_of(job_id)]
     assert states[-2:] == ["CANCELLING", "CANCELLED"]
     assert not any(alive(p) for p in _pids(pids))
 
@@ -399,9 +400,7 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
     from trainguard.records.store import Store
 
     runs = Store(tg.home).runs_of(job["id"], attempt=0)
-    per_replica = {
-        name: sum(r["replica"] == name for r in runs) for name in ("worker-0", "worker-2")
-    }
+    per_replica = {name: sum(r.replica == name for r in runs) for name in ("worker-0", "worker-2")}
     assert per_replica == {"worker-0": 1, "worker-2": 6}
     assert "The replica worker-2 exited with a non-zero status of 1" in job["error_message"]
     groups = tg.json("records", job["id"], "--aggregate")

@@ -51,12 +51,12 @@ def test_transient_failure_restarts_the_whole_job(tmp_path: Path) -> None:
         assert m.budgets.job_restarts == 1
         assert m.budgets.class_restarts == {"max_transient_restarts": 1}
         (rec,) = store.restarts_of("job-1")
-        assert rec["failure_class"] == "transient_exit" and rec["error_code"] == "139"
-        assert rec["stop_ms"] is not None and rec["start_ms"] is not None
-        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        assert rec.failure_class == "transient_exit" and rec.error_code == "139"
+        assert rec.stop_ms is not None and rec.start_ms is not None
+        states = [t.to_state for t in store.transitions_of("job-1")]
         assert states == ["PENDING", "RUNNING", "RESTARTING", "RUNNING"]
         runs = store.runs_of("job-1", attempt=0)
-        assert {r["replica"]: r["state"] for r in runs} == {
+        assert {r.replica: r.state for r in runs} == {
             "worker-0": "STOPPED",
             "worker-1": "FAILED",
         }
@@ -134,7 +134,7 @@ def test_replicas_that_exit_while_the_next_ones_start_are_decided(
         await drain(m)
         assert m.attempt == 1
         assert m.state is (JobState.SUCCEEDED if code == 0 else JobState.FAILED)
-        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        states = [t.to_state for t in store.transitions_of("job-1")]
         assert states[:3] == ["PENDING", "RUNNING", "RESTARTING"]
         await m.shutdown()
 
@@ -148,8 +148,8 @@ def test_a_job_runs_when_one_replica_is_done_before_the_last_starts(tmp_path: Pa
         await m.begin()
         await drain(m)
         assert m.state is JobState.RUNNING
-        (t,) = [t for t in store.transitions_of("job-1") if t["to_state"] == "RUNNING"]
-        assert t["reason"] == "attempt 0: all 3 replicas started, 1 already exited"
+        (t,) = [t for t in store.transitions_of("job-1") if t.to_state == "RUNNING"]
+        assert t.reason == "attempt 0: all 3 replicas started, 1 already exited"
         await m.shutdown()
 
     asyncio.run(scenario())
@@ -165,7 +165,7 @@ def test_cancel_stops_everything_and_charges_nothing(tmp_path: Path) -> None:
         assert m.state is JobState.CANCELLED
         assert be.live == {}
         assert m.budgets.job_restarts == 0 and store.restarts_of("job-1") == []
-        states = [t["to_state"] for t in store.transitions_of("job-1")]
+        states = [t.to_state for t in store.transitions_of("job-1")]
         assert states[-2:] == ["CANCELLING", "CANCELLED"]
         await m.shutdown()
 
@@ -186,7 +186,7 @@ def test_async_mode_restarts_only_the_failed_worker(tmp_path: Path) -> None:
         assert relaunch.log_path.name == "worker-1.r1.log"
         assert m.budgets.replica_restarts == {"worker-1": 1}
         (rec,) = store.restarts_of("job-1")
-        assert rec["decision"].startswith("RestartReplica(worker-1)")
+        assert str(rec.decision).startswith("RestartReplica(worker-1)")
         await m.shutdown()
 
     asyncio.run(scenario())
@@ -218,7 +218,7 @@ def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) 
     assert outcome.error_message == INTERNAL_ERROR_MESSAGE
     # retried twice (3 attempts in all), as Vertex does with internal errors
     assert (outcome.attempts, outcome.restarts) == (3, 2)
-    assert [r["failure_class"] for r in store.restarts_of("job-1")] == ["internal"] * 2
+    assert [r.failure_class for r in store.restarts_of("job-1")] == ["internal"] * 2
     assert store.job("job-1").error_code == "INTERNAL"
     assert "backend exploded" in (tmp_path / "logs" / "master-error.log").read_text()
     assert be.closed
@@ -247,7 +247,7 @@ def test_root_cause_is_the_earliest_non_cascade_failure(tmp_path: Path) -> None:
             "Termination reason: KeyError: 'lr'."
         )
         failures = store.failures_of("job-1")
-        assert [(f["replica"], f["root_cause"], f["cascade_of"]) for f in failures] == [
+        assert [(f.replica, f.root_cause, f.cascade_of) for f in failures] == [
             ("worker-1", True, None),
             ("worker-0", False, "worker-1"),
         ]
@@ -283,8 +283,8 @@ def test_a_replica_stopped_after_its_own_traceback_is_still_the_root_cause(
         be.emit(ReplicaExited(launch.attempt, "worker-0", 0, 1, ev, 2.0))
         await drain(m)
         assert m.state is JobState.FAILED and m.attempt == 0
-        roots = [f for f in store.failures_of("job-1") if f["root_cause"]]
-        assert [(f["replica"], f["rule"]) for f in roots] == [("worker-1", "python-bug")]
+        roots = [f for f in store.failures_of("job-1") if f.root_cause]
+        assert [(f.replica, f.rule) for f in roots] == [("worker-1", "python-bug")]
         assert store.restarts_of("job-1") == []
         await m.shutdown()
 
@@ -305,7 +305,7 @@ def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
         await drain(m)
         assert m.state is JobState.RUNNING and m.attempt == 1
         (rec,) = store.restarts_of("job-1")
-        assert (rec["replica"], rec["failure_class"], rec["cascade"]) == (
+        assert (rec.replica, rec.failure_class, rec.cascade) == (
             "worker-0",
             "preemption",
             "worker-1",

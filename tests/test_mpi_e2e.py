@@ -16,6 +16,7 @@ import yaml
 from conftest import ROOT, TG, alive, wait_for
 from test_mpi_mpirun import requires_mpi
 
+from trainguard.records.rows import RunRow
 from trainguard.records.store import Store
 
 pytestmark = [pytest.mark.slow, requires_mpi]
@@ -39,7 +40,7 @@ def _job(tmp_path: Path, name: str, *args: str) -> str:
     return str(path)
 
 
-def _runs(tg: TG, job_id: str) -> list[dict[str, object]]:
+def _runs(tg: TG, job_id: str) -> list[RunRow]:
     return Store(tg.home).runs_of(job_id)
 
 
@@ -70,9 +71,9 @@ def test_a_killed_rank_restarts_the_mpi_job_which_ends_as_if_unbroken(
     assert status["state"] == "SUCCEEDED" and status["attempts"] == 2
     (record,) = tg.json("records", "broken")
     assert record["replica"] == "worker-1" and record["failure_class"] == "preemption"
-    first = {r["replica"]: r for r in _runs(tg, status["id"]) if r["attempt"] == 0}
-    assert first["worker-1"]["signal"] == "SIGKILL" and first["worker-1"]["state"] == "FAILED"
-    assert first["worker-0"]["state"] == "STOPPED"  # aborted by mpirun: a consequence
+    first = {r.replica: r for r in _runs(tg, status["id"]) if r.attempt == 0}
+    assert first["worker-1"].signal == "SIGKILL" and first["worker-1"].state == "FAILED"
+    assert first["worker-0"].state == "STOPPED"  # aborted by mpirun: a consequence
     clean = json.loads((tmp_path / "clean.json").read_text())
     assert json.loads((tmp_path / "broken.json").read_text()) == clean
     rank0 = Path(status["log_dir"]) / "attempt-1" / "worker-0.log"

@@ -98,6 +98,9 @@ class MpiRun:
                 self.proc.wait()
         for t in self._readers:
             t.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
         return rc
 
 

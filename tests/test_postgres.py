@@ -127,32 +127,32 @@ def test_store_round_trip(db: str, tmp_path: Path) -> None:
         2**33,
     )
     assert [j.id for j in store.list_jobs()] == ["tg-1"] and store.live_jobs() == []
-    assert [(t["from_state"], t["to_state"]) for t in store.transitions_of("tg-1")] == [
+    assert [(t.from_state, t.to_state) for t in store.transitions_of("tg-1")] == [
         (None, "PENDING"),
         ("PENDING", "RUNNING"),
         ("RUNNING", "SUCCEEDED"),
     ]
     [attempt] = store.attempts_of("tg-1")
-    assert (attempt["outcome"], attempt["ended_at_s"], attempt["master_port"]) == (
+    assert (attempt.outcome, attempt.ended_at_s, attempt.master_port) == (
         "internal error",
         at + 3,
         1234,
     )
     runs = store.runs_of("tg-1", attempt=0)
-    assert [(r["replica"], r["state"], r["restart"]) for r in runs] == [
+    assert [(r.replica, r.state, r.restart) for r in runs] == [
         ("worker-0", "RUNNING", 0),
         ("worker-1", "FAILED", 0),
     ]
-    assert runs[0]["stop_requested"] is False and runs[1]["signal"] == "SIGSTKFLT"
-    assert runs[1]["tail"] == "binary output \ufffd here"
+    assert runs[0].stop_requested is False and runs[1].signal == "SIGSTKFLT"
+    assert runs[1].tail == "binary output \ufffd here"
     [failure] = store.failures_of("tg-1")
-    assert failure["id"] == failure_id
-    assert (failure["retryable"], failure["root_cause"]) == (True, True)
+    assert failure.id == failure_id
+    assert (failure.retryable, failure.root_cause) == (True, True)
     [restart] = store.restarts_of("tg-1")
-    assert (restart["id"], restart["detect_ms"], restart["start_ms"]) == (restart_id, 1.5, 20.25)
-    assert restart["error_source"] == "exit_hang_detector"
-    assert [e["replica"] for e in store.events_of("tg-1")] == ["r" * 128]
-    assert [p["step"] for p in store.progress_of("tg-1")] == [2**33]
+    assert (restart.id, restart.detect_ms, restart.start_ms) == (restart_id, 1.5, 20.25)
+    assert restart.error_source == "exit_hang_detector"
+    assert [e.replica for e in store.events_of("tg-1")] == ["r" * 128]
+    assert [p.step for p in store.progress_of("tg-1")] == [2**33]
     assert store.snapshots_of("tg-1") == []
     store.close()
 
@@ -170,7 +170,7 @@ def test_a_column_a_newer_trainguard_added_is_added_to_an_old_database(
     store.insert(jobs, id="j", name="n", last_progress_s=2.5, **row)
     store.insert(restart_records, job_id="j", round=1, at_s=1.0, isolated="gpu 3")
     assert store.job("j").last_progress_s == 2.5
-    assert store.restarts_of("j")[0]["isolated"] == "gpu 3"
+    assert store.restarts_of("j")[0].isolated == "gpu 3"
     store.close()
 
 
@@ -200,7 +200,7 @@ def test_a_job_restarts_once_and_succeeds_with_its_records_in_postgres(
     [record] = tg.json("records", job["id"])
     assert (record["replica"], record["failure_class"]) == ("worker-1", "transient_exit")
     store = Store(tmp_path, db)
-    assert [a["outcome"] for a in store.attempts_of(job["id"])] == ["restarted", "SUCCEEDED"]
+    assert [a.outcome for a in store.attempts_of(job["id"])] == ["restarted", "SUCCEEDED"]
     assert len(store.runs_of(job["id"])) == 4
     store.close()
 

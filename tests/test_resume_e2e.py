@@ -40,7 +40,7 @@ def test_resume_continues_the_same_job_after_the_master_was_killed(tg: TG, tmp_p
     job = tg.only_job()
     assert (job["id"], job["state"], job["attempts"]) == (job_id, "SUCCEEDED", 2)
     assert job["error_message"] is None and job["ended_at_s"] is not None
-    states = [t["to_state"] for t in Store(tg.home).transitions_of(job_id)]
+    states = [t.to_state for t in Store(tg.home).transitions_of(job_id)]
     assert states == ["PENDING", "RUNNING", "INTERRUPTED", "PENDING", "RUNNING", "SUCCEEDED"]
     assert "attempt 1" in Path(job["log_dir"], "attempt-1", "worker-0.log").read_text()
     assert "attempt 0" in Path(job["log_dir"], "attempt-0", "worker-0.log").read_text()

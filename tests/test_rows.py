@@ -1,17 +1,47 @@
-"""Typed store rows (issue 15): a row type holds exactly its table's columns."""
+"""Typed store rows (issue 15): a row type per table, holding exactly its columns."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
 
-from trainguard.records.rows import JobRow
-from trainguard.records.schema import jobs
+from trainguard.records.rows import (
+    AttemptRow,
+    EventRow,
+    FailureRow,
+    JobRow,
+    ProgressRow,
+    RestartRow,
+    RunRow,
+    SnapshotRow,
+    TransitionRow,
+    _Row,
+)
+from trainguard.records.schema import jobs, metadata
 from trainguard.records.store import Store
 
+ROWS: dict[str, type[_Row]] = {
+    "jobs": JobRow,
+    "attempts": AttemptRow,
+    "replica_runs": RunRow,
+    "transitions": TransitionRow,
+    "restart_records": RestartRow,
+    "stack_snapshots": SnapshotRow,
+    "progress": ProgressRow,
+    "events": EventRow,
+    "failure_records": FailureRow,
+}
 
-def test_a_job_row_has_the_columns_of_the_jobs_table() -> None:
-    assert [f.name for f in fields(JobRow)] == [c.name for c in jobs.columns]
+
+def test_every_table_has_a_row_type_with_exactly_its_columns() -> None:
+    assert set(ROWS) == set(metadata.tables)
+    for name, kind in ROWS.items():
+        table = metadata.tables[name]
+        assert [f.name for f in fields(kind)] == [c.name for c in table.columns], name
+        for f, c in zip(fields(kind), table.columns, strict=True):
+            # a column that may hold NULL is Optional in its row, and only such a column
+            optional = "None" in str(f.type)
+            assert optional == (c.nullable and not c.primary_key), f"{name}.{c.name}"
 
 
 def test_the_store_reads_jobs_as_typed_rows(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
     store.locked = False
     assert rec.flush(force=True) and rec.held == 0
     runs = store.runs_of("job-1", attempt=0)
-    assert [(r["replica"], r["pid"]) for r in runs] == [("worker-0", 7)]
+    assert [(r.replica, r.pid) for r in runs] == [("worker-0", 7)]
     # a later write that names the placeholder reaches the real row
     from trainguard.policy.classes import ExitEvidence
     from trainguard.policy.classify import classify_exit
@@ -74,7 +74,7 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
 
     c = classify_exit(ExitEvidence("worker-0", 0))
     rec.run_ended(run_id, 2.0, c, ReplicaState.SUCCEEDED)
-    assert store.runs_of("job-1", attempt=0)[0]["state"] == "SUCCEEDED"
+    assert store.runs_of("job-1", attempt=0)[0].state == "SUCCEEDED"
     assert store.job("job-1").attempts == 1
     assert "every held write is recorded" in said[-1]
 

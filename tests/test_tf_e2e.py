@@ -84,7 +84,7 @@ def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: P
     (record,) = tg.json("records", "ps")
     assert record["replica"] == "worker-1"
     assert record["decision"].startswith("RestartReplica(worker-1)")
-    runs = [r["replica"] for r in Store(tg.home).runs_of(status["id"])]
+    runs = [r.replica for r in Store(tg.home).runs_of(status["id"])]
     assert sorted(runs) == ["chief-0", "ps-0", "worker-0", "worker-1", "worker-1"]
     assert "step 300 " in chief_log.read_text()
 

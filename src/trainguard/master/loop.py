@@ -121,10 +121,10 @@ class Master(Attempts, Exits, HangResponse, Faults):
 
     async def _apply(self, decision: Decision, failure: Failure | None, seen_s: float) -> None:
         self._applied.append(decision)
-        if failure is None and not isinstance(decision, Ignore | WaitForCapacity):
+        if failure is None and _explained(decision):
             # A failure's decision is in its failure record; the rest (no capacity, the
-            # expiry of a wait, success in full or in part) are recorded here, and a wait
-            # for capacity where its verdict is taken (`_wait_for_capacity`).
+            # expiry of a wait, a partial success) are recorded here, and a wait for
+            # capacity where its verdict is taken (`_wait_for_capacity`).
             self.rec.event(self.clock(), None, DECISION_EVENT, describe(decision))
         match decision:
             case Ignore():
@@ -184,3 +184,10 @@ class Master(Attempts, Exits, HangResponse, Faults):
         await self._stop_and_settle()
         self.rec.attempt_ended(self.attempt, self.clock(), AttemptOutcome.CANCELLED, ev.reason)
         self._transition(JobState.CANCELLED, "every replica stopped")
+
+
+def _explained(decision: Decision) -> bool:
+    """Whether a decision no failure led to needs a record of its own for `explain`."""
+    if isinstance(decision, Ignore | WaitForCapacity):
+        return False
+    return not (isinstance(decision, Succeed) and decision.error_code is None)

@@ -13,6 +13,7 @@ from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvide
 from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import DECISION_EVENT
 from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES
+from trainguard.records.rows import FailureRow
 from trainguard.signals import parse_signal
 
 EXPLAINED_EVENTS = frozenset({DECISION_EVENT, "hang_cleared"})
@@ -20,30 +21,30 @@ EXPLAINED_EVENTS = frozenset({DECISION_EVENT, "hang_cleared"})
 turned out not to be (a sign of life arrived while the stacks were taken)."""
 
 
-def aggregate(failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def aggregate(failures: Sequence[FailureRow]) -> list[dict[str, Any]]:
     """Failures grouped by fingerprint: how often, on which replicas, first and last seen."""
     groups: dict[str, dict[str, Any]] = {}
     for f in failures:
-        key = f["fingerprint"] or f"{f['failure_class']}:{f['rule']}"
+        key = f.fingerprint or f"{f.failure_class}:{f.rule}"
         g = groups.setdefault(
             key,
             {
                 "fingerprint": key,
-                "failure_class": f["failure_class"],
-                "rule": f["rule"],
-                "example": f["matched_line"] or f["message"],
+                "failure_class": f.failure_class,
+                "rule": f.rule,
+                "example": f.matched_line or f.message,
                 "count": 0,
                 "root_causes": 0,
                 "replicas": [],
-                "first_at_s": f["at_s"],
-                "last_at_s": f["at_s"],
+                "first_at_s": f.at_s,
+                "last_at_s": f.at_s,
             },
         )
         g["count"] += 1
-        g["root_causes"] += 1 if f["root_cause"] else 0
-        if f["replica"] not in g["replicas"]:
-            g["replicas"].append(f["replica"])
-        g["last_at_s"] = max(g["last_at_s"], f["at_s"])
+        g["root_causes"] += 1 if f.root_cause else 0
+        if f.replica not in g["replicas"]:
+            g["replicas"].append(f.replica)
+        g["last_at_s"] = max(g["last_at_s"], f.at_s)
     return sorted(groups.values(), key=lambda g: (-g["count"], g["first_at_s"]))
 
 

@@ -24,47 +24,46 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from trainguard.records.rows import JobRow
+from trainguard.records.rows import AttemptRow, JobRow, ProgressRow, RestartRow, TransitionRow
 
 
 def goodput(
     job: JobRow,
-    attempts: Sequence[dict[str, Any]],
-    restarts: Sequence[dict[str, Any]],
-    steps: Sequence[dict[str, Any]],
+    attempts: Sequence[AttemptRow],
+    restarts: Sequence[RestartRow],
+    steps: Sequence[ProgressRow],
     now_s: float,
-    transitions: Sequence[dict[str, Any]] = (),
+    transitions: Sequence[TransitionRow] = (),
 ) -> dict[str, Any]:
     end = job.ended_at_s or now_s
     total = max(0.0, end - job.created_at_s)
-    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    by_attempt: dict[int, list[ProgressRow]] = {}
     for row in steps:
-        by_attempt.setdefault(row["attempt"], []).append(row)
+        by_attempt.setdefault(row.attempt, []).append(row)
     productive = startup = lost = 0.0
     reached = -1  # the highest step any earlier attempt reported
     for a in attempts:
-        rows = sorted(by_attempt.get(a["number"], []), key=lambda r: r["at_s"])
+        rows = sorted(by_attempt.get(a.number, []), key=lambda r: r.at_s)
         if not rows:
             continue
-        startup += max(0.0, rows[0]["at_s"] - a["started_at_s"])
-        span = rows[-1]["at_s"] - rows[0]["at_s"]
-        redo_end = next((r["at_s"] for r in rows if r["step"] > reached), rows[-1]["at_s"])
-        redone = max(0.0, redo_end - rows[0]["at_s"]) if reached >= 0 else 0.0
+        startup += max(0.0, rows[0].at_s - a.started_at_s)
+        span = rows[-1].at_s - rows[0].at_s
+        redo_end = next((r.at_s for r in rows if r.step > reached), rows[-1].at_s)
+        redone = max(0.0, redo_end - rows[0].at_s) if reached >= 0 else 0.0
         lost += redone
         productive += max(0.0, span - redone)
-        reached = max(reached, max(r["step"] for r in rows))
+        reached = max(reached, max(r.step for r in rows))
     detection = hang_waiting = 0.0
     for r in restarts:
-        before = [s["at_s"] for s in steps if s["at_s"] <= r["at_s"]]
+        before = [s.at_s for s in steps if s.at_s <= r.at_s]
         if before:
-            waited = max(0.0, r["at_s"] - max(before))
-            if r.get("failure_class") in ("hang", "exit_hang"):
+            waited = max(0.0, r.at_s - max(before))
+            if r.failure_class in ("hang", "exit_hang"):
                 hang_waiting += waited
             else:
                 detection += waited
     restart = sum(
-        ((r["stop_ms"] or 0) + (r["schedule_ms"] or 0) + (r["start_ms"] or 0)) / 1000
-        for r in restarts
+        ((r.stop_ms or 0) + (r.schedule_ms or 0) + (r.start_ms or 0)) / 1000 for r in restarts
     )
     badput = {
         "startup_s": startup,
@@ -75,8 +74,8 @@ def goodput(
         "queueing_s": _time_in(transitions, "QUEUED", end),
     }
     badput["other_s"] = max(0.0, total - productive - sum(badput.values()))
-    costs = [s["commit_ms"] / 1000 for s in steps if s.get("commit_ms") is not None]
-    ckpt_times = sorted(s["at_s"] for s in steps if s.get("checkpoint"))
+    costs = [s.commit_ms / 1000 for s in steps if s.commit_ms is not None]
+    ckpt_times = sorted(s.at_s for s in steps if s.checkpoint)
     return {
         "total_s": total,
         "productive_s": productive,
@@ -87,12 +86,12 @@ def goodput(
     }
 
 
-def _time_in(transitions: Sequence[dict[str, Any]], state: str, end_s: float) -> float:
+def _time_in(transitions: Sequence[TransitionRow], state: str, end_s: float) -> float:
     """Seconds spent in `state`, from each transition into it to the next transition."""
     total = 0.0
     for here, after in itertools.zip_longest(transitions, transitions[1:]):
-        if here["to_state"] == state:
-            total += max(0.0, (after["at_s"] if after else end_s) - here["at_s"])
+        if here.to_state == state:
+            total += max(0.0, (after.at_s if after else end_s) - here.at_s)
     return total
 
 

@@ -48,18 +48,18 @@ class StoreReader:
         job = self.store.resolve_job(ref)
         if aggregate_:
             return aggregate(self.store.failures_of(job.id))
-        return self.store.restarts_of(job.id)
+        return [r.as_dict() for r in self.store.restarts_of(job.id)]
 
     def explain(self, ref: str) -> dict[str, Any]:
         job = self.store.resolve_job(ref)
         verdicts = [
-            {"at_s": e["at_s"], "kind": e["kind"], "text": e["text"]}
+            {"at_s": e.at_s, "kind": e.kind, "text": e.text}
             for e in self.store.events_of(job.id)
-            if e["kind"] in EXPLAINED_EVENTS
+            if e.kind in EXPLAINED_EVENTS
         ]
         return {
             "job": job_summary(job),
-            "failures": self.store.failures_of(job.id),
+            "failures": [f.as_dict() for f in self.store.failures_of(job.id)],
             "decisions": verdicts,
         }
 
@@ -67,16 +67,16 @@ class StoreReader:
         job = self.store.resolve_job(ref)
         return [
             {
-                "id": r["id"],
+                "id": r.id,
                 "job_id": job.id,
-                "attempt": r["attempt"],
-                "at_s": r["at_s"],
-                "kind": r["kind"],
-                "culprits": (r["culprits"] or "").split(", ") if r["culprits"] else [],
-                "summary": r["summary"],
-                "duration_ms": r["duration_ms"],
-                "report": json.loads(r["report_json"]),
-                "snapshots": json.loads(r["snapshots_json"]),
+                "attempt": r.attempt,
+                "at_s": r.at_s,
+                "kind": r.kind,
+                "culprits": (r.culprits or "").split(", ") if r.culprits else [],
+                "summary": r.summary,
+                "duration_ms": r.duration_ms,
+                "report": json.loads(r.report_json),
+                "snapshots": json.loads(r.snapshots_json),
             }
             for r in self.store.snapshots_of(job.id, attempt)
         ]
@@ -103,14 +103,14 @@ class StoreReader:
         if not runs:
             where = f" in attempt {attempt}" if attempt is not None else ""
             raise JobNotFound(f"job {job.id} has no replica runs{where}")
-        last = max(r["attempt"] for r in runs)
-        runs = [r for r in runs if r["attempt"] == last]
-        name = replica or min(runs, key=lambda r: r["rank"])["replica"]
-        mine = [r for r in runs if r["replica"] == name]
+        last = max(r.attempt for r in runs)
+        runs = [r for r in runs if r.attempt == last]
+        name = replica or min(runs, key=lambda r: r.rank).replica
+        mine = [r for r in runs if r.replica == name]
         if not mine:
-            names = ", ".join(sorted({r["replica"] for r in runs}))
+            names = ", ".join(sorted({r.replica for r in runs}))
             raise JobNotFound(f"job {job.id} has no replica {name!r} (it has: {names})")
-        path = Path(mine[-1]["log_path"])
+        path = Path(mine[-1].log_path or "")
         # The path comes from the store, but a log is only ever read inside the job's folder.
         if not path.resolve().is_relative_to(Path(job.log_dir).resolve()):
             raise JobNotFound(f"job {job.id}: log {path} is outside the job's folder")

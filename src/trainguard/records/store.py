@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -34,7 +34,18 @@ from trainguard.records.engine import (
     one_line,
     shown,
 )
-from trainguard.records.rows import JobRow
+from trainguard.records.rows import (
+    AttemptRow,
+    EventRow,
+    FailureRow,
+    JobRow,
+    ProgressRow,
+    RestartRow,
+    RunRow,
+    SnapshotRow,
+    TransitionRow,
+    _Row,
+)
 from trainguard.records.schema import (
     attempts,
     events,
@@ -48,6 +59,8 @@ from trainguard.records.schema import (
     transitions,
 )
 from trainguard.states import JobState
+
+R = TypeVar("R", bound=_Row)
 
 
 class Store:
@@ -197,9 +210,12 @@ class Store:
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(stmt)]
 
-    def _jobs(self, stmt: Any) -> list[JobRow]:
+    def _typed(self, row: type[R], stmt: Any) -> list[R]:
         with self._tx() as conn:
-            return [JobRow.of(r._mapping) for r in conn.execute(stmt)]
+            return [row.of(r._mapping) for r in conn.execute(stmt)]
+
+    def _jobs(self, stmt: Any) -> list[JobRow]:
+        return self._typed(JobRow, stmt)
 
     def list_jobs(self, limit: int = 50) -> list[JobRow]:
         return self._jobs(select(jobs).order_by(jobs.c.created_at_s.desc()).limit(limit))
@@ -238,50 +254,56 @@ class Store:
     def job(self, job_id: str) -> JobRow:
         return self.resolve_job(job_id)
 
-    def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(
-            select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
+    def attempts_of(self, job_id: str) -> list[AttemptRow]:
+        return self._typed(
+            AttemptRow,
+            select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number),
         )
 
-    def runs_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    def runs_of(self, job_id: str, attempt: int | None = None) -> list[RunRow]:
         stmt = select(replica_runs).where(replica_runs.c.job_id == job_id)
         if attempt is not None:
             stmt = stmt.where(replica_runs.c.attempt == attempt)
-        return self._rows(
-            stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id)
+        return self._typed(
+            RunRow, stmt.order_by(replica_runs.c.attempt, replica_runs.c.rank, replica_runs.c.id)
         )
 
-    def transitions_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(
-            select(transitions).where(transitions.c.job_id == job_id).order_by(transitions.c.id)
+    def transitions_of(self, job_id: str) -> list[TransitionRow]:
+        return self._typed(
+            TransitionRow,
+            select(transitions).where(transitions.c.job_id == job_id).order_by(transitions.c.id),
         )
 
-    def failures_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(
+    def failures_of(self, job_id: str) -> list[FailureRow]:
+        return self._typed(
+            FailureRow,
             select(failure_records)
             .where(failure_records.c.job_id == job_id)
-            .order_by(failure_records.c.id)
+            .order_by(failure_records.c.id),
         )
 
-    def snapshots_of(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    def snapshots_of(self, job_id: str, attempt: int | None = None) -> list[SnapshotRow]:
         stmt = select(stack_snapshots).where(stack_snapshots.c.job_id == job_id)
         if attempt is not None:
             stmt = stmt.where(stack_snapshots.c.attempt == attempt)
-        return self._rows(stmt.order_by(stack_snapshots.c.id))
+        return self._typed(SnapshotRow, stmt.order_by(stack_snapshots.c.id))
 
-    def progress_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(
-            select(progress).where(progress.c.job_id == job_id).order_by(progress.c.id)
+    def progress_of(self, job_id: str) -> list[ProgressRow]:
+        return self._typed(
+            ProgressRow, select(progress).where(progress.c.job_id == job_id).order_by(progress.c.id)
         )
 
-    def events_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(select(events).where(events.c.job_id == job_id).order_by(events.c.id))
+    def events_of(self, job_id: str) -> list[EventRow]:
+        return self._typed(
+            EventRow, select(events).where(events.c.job_id == job_id).order_by(events.c.id)
+        )
 
-    def restarts_of(self, job_id: str) -> list[dict[str, Any]]:
-        return self._rows(
+    def restarts_of(self, job_id: str) -> list[RestartRow]:
+        return self._typed(
+            RestartRow,
             select(restart_records)
             .where(restart_records.c.job_id == job_id)
-            .order_by(restart_records.c.id)
+            .order_by(restart_records.c.id),
         )
 
 

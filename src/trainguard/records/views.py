@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainguard.records.rows import JobRow
+from trainguard.records.rows import JobRow, RunRow
 from trainguard.records.store import Store
 
 
 def job_view(store: Store, job: JobRow) -> dict[str, Any]:
     job_id = job.id
     runs = store.runs_of(job_id)
-    last_attempt = max((r["attempt"] for r in runs), default=0)
-    latest: dict[str, dict[str, Any]] = {}
+    last_attempt = max((r.attempt for r in runs), default=0)
+    latest: dict[str, RunRow] = {}
     for r in runs:
-        if r["attempt"] == last_attempt:
-            latest[r["replica"]] = r  # the last run of each replica wins
+        if r.attempt == last_attempt:
+            latest[r.replica] = r  # the last run of each replica wins
     restarts = store.restarts_of(job_id)
     metrics = job.last_metrics_json
     return {
@@ -42,21 +42,21 @@ def job_view(store: Store, job: JobRow) -> dict[str, Any]:
         "spec": json.loads(job.spec_json),
         "replicas": [
             {
-                "name": r["replica"],
-                "rank": r["rank"],
-                "attempt": r["attempt"],
-                "restart": r["restart"],
-                "state": r["state"],
-                "pid": r["pid"],
-                "node": r["node"],
-                "exit_code": r["exit_code"],
-                "signal": r["signal"],
-                "failure_class": r["failure_class"],
-                "started_at_s": r["started_at_s"],
-                "ended_at_s": r["ended_at_s"],
-                "log_path": r["log_path"],
+                "name": r.replica,
+                "rank": r.rank,
+                "attempt": r.attempt,
+                "restart": r.restart,
+                "state": r.state,
+                "pid": r.pid,
+                "node": r.node,
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "failure_class": r.failure_class,
+                "started_at_s": r.started_at_s,
+                "ended_at_s": r.ended_at_s,
+                "log_path": r.log_path,
             }
-            for r in sorted(latest.values(), key=lambda r: r["rank"])
+            for r in sorted(latest.values(), key=lambda r: r.rank)
         ],
     }
 

@@ -118,9 +118,9 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     def history(ref: JobRef) -> dict[str, Any]:
         job = store.resolve_job(ref)
         return {
-            "transitions": store.transitions_of(job.id),
-            "events": store.events_of(job.id),
-            "progress": store.progress_of(job.id)[-500:],
+            "transitions": [t.as_dict() for t in store.transitions_of(job.id)],
+            "events": [e.as_dict() for e in store.events_of(job.id)],
+            "progress": [p.as_dict() for p in store.progress_of(job.id)[-500:]],
         }
 
     @app.get("/api/jobs/{ref}/logs")
