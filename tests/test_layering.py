@@ -102,3 +102,15 @@ def test_every_package_says_what_it_exports(name: str) -> None:
         return
     init = SRC / name / "__init__.py"
     assert init.is_file() and "__all__" in init.read_text(), init
+    listed = _all_of(init)
+    modules = {p.stem for p in (SRC / name).glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in (SRC / name).iterdir() if (p / "__init__.py").is_file()}
+    if listed <= modules | {"web"}:  # a package that lists its modules lists them all
+        assert listed == modules, f"{init}: __all__ misses {sorted(modules - listed)}"
+
+
+def _all_of(init: Path) -> set[str]:
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return set(ast.literal_eval(node.value))
+    return set()

@@ -1,5 +1,6 @@
-"""Pure decisions: classification and its catalogue, fingerprints, budgets and
-what to do about a failure, a clean exit, a hang or a start. No process, file or clock.
+"""Pure decisions: classification, its catalogue and the learned second opinion (a model
+file shipped with the package), fingerprints, budgets and what to do about a failure, a
+clean exit, a hang or a start. No process, clock or network.
 """
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "evidence",
     "fingerprint",
     "gpus",
+    "learned",
     "logcontext",
     "logtail",
     "verdicts",

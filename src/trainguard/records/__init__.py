@@ -1,6 +1,6 @@
-"""The durable record: the store (SQLite or PostgreSQL), the recorder the master writes through,
-queries and views the readers use, explain, goodput, liveness of masters, job control and
-checkpoint storage.
+"""The durable record: the store (SQLite or PostgreSQL) and its typed rows, the recorder the
+master writes through, queries and views the readers use, explain, goodput, liveness of
+masters, job control and checkpoint storage.
 """
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "liveness",
     "queries",
     "recorder",
+    "rows",
     "schema",
     "store",
     "views",
