@@ -2,24 +2,97 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TG, alive, child, wait_for
 
-from trainguard.backends.local.zygote import expand, forkable
+from trainguard.backends.local.python_cmd import PythonCommand, parse
+from trainguard.backends.local.zygote import expand
 
 
-def test_which_commands_can_be_forked() -> None:
-    assert forkable([sys.executable, "train.py", "--lr", "1"])
-    assert forkable(["python", "train.py"])
-    assert not forkable([sys.executable, "-m", "pkg"])
-    assert not forkable(["bash", "run.sh"])
-    assert not forkable(["/usr/bin/env"])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [sys.executable, "train.py", "--lr", "1"],
+            PythonCommand("script", "train.py", ("--lr", "1")),
+        ),
+        (["python", "train.py"], PythonCommand("script", "train.py", ())),
+        (
+            ["python3", "-u", "-B", "t.py", "-x"],
+            PythonCommand("script", "t.py", ("-x",), True, True),
+        ),
+        (["python", "-uB", "--", "t.py"], PythonCommand("script", "t.py", (), True, True)),
+        ([sys.executable, "-m", "pkg.train", "a"], PythonCommand("module", "pkg.train", ("a",))),
+        (["python", "-mpkg", "a"], PythonCommand("module", "pkg", ("a",))),
+        (["python", "-u", "-c", "print(1)", "x"], PythonCommand("code", "print(1)", ("x",), True)),
+        (["python", "t.py", "-m", "x"], PythonCommand("script", "t.py", ("-m", "x"))),
+        (["bash", "run.sh"], "not this Python interpreter"),
+        (["/usr/bin/env"], "not this Python interpreter"),
+        (["python", "-O", "t.py"], "interpreter flag -O changes the interpreter itself"),
+        (["python", "-X", "dev", "t.py"], "interpreter flag -X changes the interpreter itself"),
+        (["python", "-m"], "-m without its argument"),
+        (["python"], "no script: an interactive interpreter"),
+        (["python", "-"], "a script read from stdin"),
+    ],
+)
+def test_what_a_command_asks_python_to_run(argv: list[str], expected: object) -> None:
+    assert parse(argv) == expected
+
+
+def test_preload_names_expand() -> None:
     assert expand(["torch", "json"])[:2] == ["torch", "torch.distributed"]
     assert expand(["json", "json"]) == ["json"]
+
+
+PROBE = """
+import json, os, sys
+main = sys.modules["__main__"]
+seen = {
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "name": __name__,
+    "main_file": os.path.basename(getattr(main, "__file__", "") or ""),
+    "cwd": os.getcwd(),
+    "env": os.environ.get("RANK"),
+}
+print("PROBE " + json.dumps(seen), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "module", "code"])
+def test_a_forked_replica_sees_what_a_cold_one_sees(tg: TG, tmp_path: Path, how: str) -> None:
+    """The same program cold and forked: sys.argv, sys.path[0], __main__, cwd, env."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    program = {
+        "script": [str(tmp_path / "probe.py"), "a", "-b"],
+        "module": ["-m", "probe", "a", "-b"],
+        "code": ["-c", PROBE, "a", "-b"],
+    }[how]
+    tg.env["PYTHONPATH"] = str(tmp_path)  # -m finds probe.py; the same for both runs
+    seen = []
+    for warm in (False, True):
+        flags = ("--preload", "json") if warm else ()
+        res = tg("run", "--quiet", *flags, "--", sys.executable, *program)
+        assert res.returncode == 0, res.stderr
+        assert ("warm start: json imported once" in res.stderr) == warm, res.stderr
+        newest = tg.json("jobs")[0]["id"]  # newest first
+        log = Path(tg.json("status", newest)["replicas"][0]["log_path"]).read_text()
+        (line,) = [x for x in log.splitlines() if x.startswith("PROBE ")]
+        seen.append(json.loads(line.removeprefix("PROBE ")))
+    assert seen[0] == seen[1]
+    assert seen[0]["argv"][1:] == ["a", "-b"] and seen[0]["name"] == "__main__"
+
+
+def test_a_command_the_zygote_cannot_run_starts_cold_and_says_why(tg: TG) -> None:
+    res = tg("run", "--preload", "json", "--", sys.executable, "-O", "-c", "print('ok')")
+    assert res.returncode == 0, res.stderr
+    assert "worker-0 starts cold: interpreter flag -O changes the interpreter itself" in res.stderr
 
 
 def _ppid(pid: int) -> int:

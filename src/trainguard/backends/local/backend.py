@@ -25,7 +25,8 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.oom import oom_kill_count
-from trainguard.backends.local.zygote import Zygote, ZygoteError, forkable
+from trainguard.backends.local.python_cmd import PythonCommand, parse
+from trainguard.backends.local.zygote import Zygote, ZygoteError
 from trainguard.backends.net import free_port
 from trainguard.backends.output import RunOutput
 from trainguard.hangs.snapshot import snapshot_all
@@ -125,6 +126,7 @@ class LocalBackend:
         self._forked: dict[int, _Run] = {}
         self._early_exits: dict[int, int] = {}
         self.preload_note: str | None = None  # why warm start is off, or how long it took
+        self._cold_said: set[str] = set()  # replicas whose cold start the note explains
 
     def last_output_s(self) -> float:
         """When any replica last printed anything (0 if none has yet)."""
@@ -145,10 +147,19 @@ class LocalBackend:
             await self._start_zygote()
         loop = asyncio.get_running_loop()
         for launch in launches:
-            if self._zygote is not None and self._zygote.alive and forkable(launch.argv):
+            cmd = parse(launch.argv)
+            if self._zygote is not None and self._zygote.alive and isinstance(cmd, PythonCommand):
                 await self._spawn_forked(loop, launch)
-            else:
-                await self._spawn(loop, launch)
+                continue
+            if self._zygote is not None and isinstance(cmd, str):
+                self._cold(launch.replica, cmd)
+            await self._spawn(loop, launch)
+
+    def _cold(self, replica: str, why: str) -> None:
+        """Say once (in the note the master prints) why a replica does not fork."""
+        if replica not in self._cold_said:
+            self._cold_said.add(replica)
+            self.preload_note = f"{self.preload_note}; {replica} starts cold: {why}"
 
     async def _start_zygote(self) -> None:
         try:

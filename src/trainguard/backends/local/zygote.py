@@ -3,10 +3,12 @@ the heavy modules, so a restart skips the import.
 
 The zygote is a child of the master that imports the listed modules once, checks that no
 thread is alive (forking a threaded process is unsafe), and then waits for requests on a
-Unix socket. For each `python SCRIPT ARGS...` replica it forks: the child starts its own
+Unix socket. For each Python replica it forks: the child starts its own
 session, dies with the zygote (PR_SET_PDEATHSIG), takes the master's pipe as its stdout
-and stderr, gets a clean environment and working directory, and runs SCRIPT as
-`__main__`. The zygote reports each child's pid and, when it reaps it, its exit status.
+and stderr, gets a clean environment and working directory, and runs its program (a
+script, `-m module` or `-c code`) as `__main__`, with the sys.argv and sys.path[0] the
+interpreter would have given it. The zygote reports each child's pid and, when it
+reaps it, its exit status.
 
 Messages are JSON lines; the pipe's write end travels with a request as SCM_RIGHTS.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import builtins
 import contextlib
 import ctypes
 import importlib
@@ -25,9 +28,12 @@ import signal
 import socket
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from trainguard.backends.local.python_cmd import PythonCommand, parse
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,18 +51,6 @@ def expand(modules: Sequence[str]) -> list[str]:
             if mod not in out:
                 out.append(mod)
     return out
-
-
-def forkable(argv: Sequence[str]) -> bool:
-    """A replica the zygote can run: this interpreter (or plain python) on a .py script."""
-    if len(argv) < 2 or not argv[1].endswith(".py"):
-        return False
-    prog = argv[0]
-    if prog in ("python", "python3"):
-        return True
-    with contextlib.suppress(OSError):
-        return os.path.realpath(prog) == os.path.realpath(sys.executable)
-    return False
 
 
 def _threads() -> int:
@@ -100,14 +94,9 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], f
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        argv = req["argv"]
-        script = str(Path(req["cwd"], argv[1]))
-        sys.argv = [argv[1], *argv[2:]]
-        sys.path[0] = str(Path(script).parent)
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        import runpy
-
-        runpy.run_path(script, run_name="__main__")
+        cmd = parse(req["argv"])
+        assert isinstance(cmd, PythonCommand), cmd  # the master asks only for forkable ones
+        _run_as_python_would(cmd, req["cwd"])
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -123,6 +112,34 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], f
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _run_as_python_would(cmd: PythonCommand, cwd: str) -> None:
+    """Run the replica's program with the sys.argv, sys.path[0] and __main__ the
+    interpreter would have given it."""
+    import runpy
+
+    if cmd.unbuffered:
+        sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(write_through=True)  # type: ignore[union-attr]
+    else:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.dont_write_bytecode = cmd.no_bytecode
+    sys.argv = [cmd.argv0, *cmd.args]
+    if cmd.mode == "script":
+        script = str(Path(cwd, cmd.target))
+        sys.argv[0] = cmd.target
+        sys.path[0] = str(Path(script).parent)
+        runpy.run_path(script, run_name="__main__")
+    elif cmd.mode == "module":
+        sys.path[0] = cwd  # -m puts the working directory first
+        runpy.run_module(cmd.target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = ""  # -c puts the working directory first, as ''
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        exec(compile(cmd.target, "<string>", "exec"), main.__dict__)
 
 
 def main(modules: Sequence[str], fd: int) -> None:
