@@ -77,7 +77,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
     p.add_argument(
         "--preload",
-        help="preload: modules to import once and fork replicas from, e.g. torch (warm start)",
+        help="preload: modules to import once and fork replicas from (warm start), e.g. torch; "
+        "auto: those of torch, torchvision, numpy, scipy the program imports",
     )
     p.add_argument("--backend", help="backend: local (default) or ray")
     p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")

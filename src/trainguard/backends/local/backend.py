@@ -25,6 +25,7 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.oom import oom_kill_count
+from trainguard.backends.local.preload_plan import AUTO, SAFE, resolve
 from trainguard.backends.local.python_cmd import PythonCommand, parse
 from trainguard.backends.local.zygote import Zygote, ZygoteError
 from trainguard.backends.net import free_port
@@ -143,6 +144,14 @@ class LocalBackend:
     async def start(self, launches: Sequence[Launch]) -> None:
         if self._guardian is None:
             self._guardian = Guardian()
+        if AUTO in self._preload and launches:
+            first = launches[0]
+            self._preload = tuple(resolve(self._preload, first.argv, first.cwd))
+            if not self._preload:
+                self.preload_note = (
+                    f"warm start off: --preload auto found none of {', '.join(SAFE)} "
+                    "among the program's imports"
+                )
         if self._preload and self._zygote is None and self.preload_note is None:
             await self._start_zygote()
         loop = asyncio.get_running_loop()
