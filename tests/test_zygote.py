@@ -152,3 +152,46 @@ def test_a_killed_master_takes_the_zygote_and_its_replicas_along(tg: TG, tmp_pat
         proc.wait()
     everything = [*replicas, *grandchildren, zygote]
     wait_for(lambda: not any(alive(p) for p in everything), 15, "nothing left")
+
+
+ENDING = """
+import atexit, sys, threading, time
+out = open(sys.argv[1], "a")
+def late():
+    time.sleep(0.3)
+    out.write("thread done\\n"); out.flush()
+threading.Thread(target=late).start()  # not a daemon: Python waits for it
+atexit.register(lambda: (out.write("atexit\\n"), out.flush()))
+"""
+
+
+def test_a_forked_replica_ends_as_python_does(tg: TG, tmp_path: Path) -> None:
+    """Threads that are not daemons are waited for, then the atexit handlers run."""
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING)
+    seen = []
+    for warm in (False, True):
+        marks = tmp_path / f"marks-{warm}"
+        flags = ("--preload", "json") if warm else ()
+        res = tg("run", "--quiet", *flags, "--", sys.executable, str(script), str(marks))
+        assert res.returncode == 0, res.stderr
+        seen.append(marks.read_text().splitlines())
+    assert seen[0] == seen[1] == ["thread done", "atexit"]
+
+
+@pytest.mark.slow
+def test_a_forked_replica_gets_the_thread_count_its_env_asks_for(tg: TG) -> None:
+    """OMP_NUM_THREADS is read when torch loads (in the zygote): applied after the fork."""
+    pytest.importorskip("torch")
+    tg.env.pop("OMP_NUM_THREADS", None)  # the zygote imports torch without it
+    code = "import torch; print('THREADS', torch.get_num_threads())"
+    seen = []
+    for warm in (False, True):
+        flags = ("--preload", "torch") if warm else ()
+        env = ("--env", "OMP_NUM_THREADS=1")
+        res = tg("run", "--quiet", *flags, *env, "--", sys.executable, "-c", code, timeout=300)
+        assert res.returncode == 0, res.stderr
+        newest = tg.json("jobs")[0]["id"]
+        log = Path(tg.json("status", newest)["replicas"][0]["log_path"]).read_text()
+        seen.append([x for x in log.splitlines() if x.startswith("THREADS")])
+    assert seen[0] == seen[1] == ["THREADS 1"]

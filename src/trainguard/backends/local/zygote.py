@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import atexit
 import builtins
 import contextlib
 import ctypes
@@ -27,6 +28,7 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -94,24 +96,56 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], f
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        _apply_thread_env()
         cmd = parse(req["argv"])
         assert isinstance(cmd, PythonCommand), cmd  # the master asks only for forkable ones
         _run_as_python_would(cmd, req["cwd"])
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+        code = _exit_code(exc)
     except BaseException:
         import traceback
 
         traceback.print_exc()
         code = 1
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
+        code = _finalize_as_python_would(code)
         os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status `sys.exit(x)` gives: x, 0 for None, else 1 with x printed."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _finalize_as_python_would(code: int) -> int:
+    """What the interpreter does once `__main__` is done: wait for the threads that are not
+    daemons, run the atexit handlers (the program's own and its libraries'), flush."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    except SystemExit as exc:  # a sys.exit() in a handler or a thread's end decides it
+        code = _exit_code(exc)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def _apply_thread_env() -> None:
+    """Thread counts the replica's environment asks for, for libraries the zygote imported
+    before it knew them (OpenMP reads OMP_NUM_THREADS when torch loads, not later)."""
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and wanted.isdigit() and int(wanted) > 0:
+        torch.set_num_threads(int(wanted))
 
 
 def _run_as_python_would(cmd: PythonCommand, cwd: str) -> None:
