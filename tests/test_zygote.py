@@ -195,3 +195,36 @@ def test_a_forked_replica_gets_the_thread_count_its_env_asks_for(tg: TG) -> None
         log = Path(tg.json("status", newest)["replicas"][0]["log_path"]).read_text()
         seen.append([x for x in log.splitlines() if x.startswith("THREADS")])
     assert seen[0] == seen[1] == ["THREADS 1"]
+
+
+def test_a_preload_that_starts_a_thread_is_refused_and_the_job_runs_cold(
+    tg: TG, tmp_path: Path
+) -> None:
+    (tmp_path / "thready.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    tg.env["PYTHONPATH"] = str(tmp_path)
+    res = tg("run", "--preload", "thready", "--", sys.executable, "-c", "print('ran')")
+    assert res.returncode == 0, res.stderr
+    why = (
+        "warm start off: importing thready left 2 threads alive: forking from it would not be safe"
+    )
+    assert why in res.stderr
+    job = tg.only_job()
+    assert "ran" in Path(job["replicas"][0]["log_path"]).read_text()
+    assert f"- start        {why}" in tg("explain", job["id"]).stdout  # recorded, not only said
+
+
+def test_a_zygote_holding_a_device_context_would_be_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from trainguard.backends.local import zygote
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert zygote._accelerator_in_use() == "CUDA"
+    fake.cuda.is_initialized = lambda: False
+    assert zygote._accelerator_in_use() is None

@@ -17,6 +17,7 @@ from trainguard.master.events import (
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
     DECISION_EVENT,
+    WARM_START_EVENT,
     Expire,
     RestartJob,
     RestartReplica,
@@ -72,6 +73,7 @@ class Attempts(MasterCore):
         note = self.backend.preload_note
         if note and self.attempt == 0:
             self.say(note)
+            self.rec.event(self.clock(), None, WARM_START_EVENT, note)
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)

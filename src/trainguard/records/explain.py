@@ -11,14 +11,19 @@ from trainguard.errors import SpecError
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.decisions import DECISION_EVENT
+from trainguard.policy.decisions import DECISION_EVENT, WARM_START_EVENT
 from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES
 from trainguard.records.rows import FailureRow
 from trainguard.signals import parse_signal
 
-EXPLAINED_EVENTS = frozenset({DECISION_EVENT, "hang_cleared"})
-"""Events `explain` lists beside the failures: decisions no failure led to, and hangs that
-turned out not to be (a sign of life arrived while the stacks were taken)."""
+EXPLAINED_EVENTS = {
+    DECISION_EVENT: "decision",
+    "hang_cleared": "not a hang",
+    WARM_START_EVENT: "start",
+}
+"""Events `explain` lists beside the failures, with their label: decisions no failure led
+to, hangs that turned out not to be (a sign of life arrived while the stacks were taken),
+and how the replicas started (warm from the zygote, or cold and why)."""
 
 
 def aggregate(failures: Sequence[FailureRow]) -> list[dict[str, Any]]:
@@ -85,7 +90,7 @@ def print_explain(
         print(f"    message      {f['message']}")
         print(f"    decision     {f['decision']}")
     for d in decisions:
-        what = "not a hang" if d["kind"] == "hang_cleared" else "decision"
+        what = EXPLAINED_EVENTS.get(d["kind"], d["kind"])
         print(f"- {what:<12} {d['text']}")
     if job["error_message"]:
         print(f"final error: [{job['error_code']}] {job['error_message']}")

@@ -55,6 +55,15 @@ def expand(modules: Sequence[str]) -> list[str]:
     return out
 
 
+def _accelerator_in_use() -> str | None:
+    """What the imports started on a device: a forked child cannot use a CUDA context its
+    parent made, so the zygote must never hold one."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA"
+    return None
+
+
 def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -185,12 +194,18 @@ def main(modules: Sequence[str], fd: int) -> None:
     for name in modules:
         importlib.import_module(name)
     threads = _threads()
+    accelerator = _accelerator_in_use()
     _send(
         sock,
-        {"ready": threads == 1, "threads": threads, "import_s": time.monotonic() - t0},
+        {
+            "ready": threads == 1 and accelerator is None,
+            "threads": threads,
+            "accelerator": accelerator,
+            "import_s": time.monotonic() - t0,
+        },
     )
-    if threads != 1:
-        return  # forking now would copy a process whose other threads hold locks
+    if threads != 1 or accelerator is not None:
+        return  # forking now would copy locks other threads hold, or a device context
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -291,9 +306,13 @@ class Zygote:
         hello = json.loads(line)
         if not hello.get("ready"):
             proc.kill()
+            what = (
+                f"initialised {hello['accelerator']}"
+                if hello.get("accelerator")
+                else f"left {hello.get('threads')} threads alive"
+            )
             raise ZygoteError(
-                f"importing {', '.join(modules)} left {hello.get('threads')} threads alive: "
-                "forking from it would not be safe"
+                f"importing {', '.join(modules)} {what}: forking from it would not be safe"
             )
         z = cls(proc, ours)
         z.import_s = float(hello["import_s"])
