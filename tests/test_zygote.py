@@ -228,3 +228,29 @@ def test_a_zygote_holding_a_device_context_would_be_refused(
     assert zygote._accelerator_in_use() == "CUDA"
     fake.cuda.is_initialized = lambda: False
     assert zygote._accelerator_in_use() is None
+
+
+LOADER = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+data = TensorDataset(torch.arange(16, dtype=torch.float32))
+seen = [b[0].tolist() for b in DataLoader(data, batch_size=4, num_workers=2)]
+print("LOADER", torch.utils.data.get_worker_info(), seen, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_dataloader_with_workers_runs_the_same_cold_and_warm(tg: TG, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    seen = []
+    for flags in ((), ("--preload", "auto")):
+        res = tg("run", "--quiet", *flags, "--", sys.executable, str(script), timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert ("warm start: torch" in res.stderr) == bool(flags), res.stderr
+        newest = tg.json("jobs")[0]["id"]
+        log = Path(tg.json("status", newest)["replicas"][0]["log_path"]).read_text()
+        seen.append([x for x in log.splitlines() if x.startswith("LOADER")])
+    assert seen[0] == seen[1] and len(seen[0]) == 1
+    assert "[0.0, 1.0, 2.0, 3.0]" in seen[0][0]
