@@ -45,9 +45,9 @@ def test_training_learns_words_and_is_deterministic() -> None:
     m2 = learned.train(examples, min_df=1)
     assert learned.to_dict(m1) == learned.to_dict(m2)
     rules = examples[0].rules
-    assert m1.opinion((good,), rules).probability > 0.7
-    assert m1.opinion((bad,), rules).probability < 0.3
-    words = dict(m1.opinion((good,), rules).words)
+    assert m1.opinion(m1.vector((good,)), rules).probability > 0.7
+    assert m1.opinion(m1.vector((bad,)), rules).probability < 0.3
+    words = dict(m1.opinion(m1.vector((good,)), rules).words)
     assert all(v > 0 for v in words.values()) and words
 
 

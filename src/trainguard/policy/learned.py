@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
@@ -102,15 +102,12 @@ class Model:
         norm = math.sqrt(sum(v * v for v in raw.values())) or 1.0
         return {t: v / norm for t, v in raw.items()}
 
-    def features(self, lines: Sequence[str], c: Classification) -> dict[str, float]:
-        return self.vector(lines) | rule_features(c)
-
     def probability(self, feats: dict[str, float]) -> float:
         z = self.bias + sum(self.weights.get(f, 0.0) * v for f, v in feats.items())
         return _sigmoid(z)
 
-    def opinion(self, lines: Sequence[str], c: Classification, k: int = 3) -> Opinion:
-        vec = self.vector(lines)
+    def opinion(self, vec: dict[str, float], c: Classification, k: int = 3) -> Opinion:
+        """Its reading of a log (`vector`) the rules classified as `c`."""
         ruled = rule_features(c)
         feats = vec | ruled
         pushes = sorted(
@@ -154,9 +151,10 @@ def reconsider(
     if c.failure_class in (FailureClass.INTERNAL, FailureClass.HOST_OOM) or not lines:
         return c
     model = model or default()
-    if len(model.vector(lines)) < MIN_TERMS:
+    vec = model.vector(lines)
+    if len(vec) < MIN_TERMS:
         return c
-    op = model.opinion(lines, c)
+    op = model.opinion(vec, c)
     says = op.probability >= 0.5
     pushed = ", ".join(f"{w!r} {v:+.2f}" for w, v in op.words[:3]) or "none"
     near = "; ".join(
@@ -319,7 +317,3 @@ def _smoothness(rows: list[dict[str, float]], sw: list[float], c: float) -> floa
         v = {f: x / lam for f, x in u.items()}
         vb = ub / lam
     return 1 + c * lam / 4 * 1.05
-
-
-def predictions(model: Model, examples: Iterable[Example]) -> list[Classification]:
-    return [reconsider(e.rules, e.lines, model) for e in examples]
