@@ -16,8 +16,6 @@ from trainguard.master.events import (
 )
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
-    DECISION_EVENT,
-    WARM_START_EVENT,
     Expire,
     RestartJob,
     RestartReplica,
@@ -28,6 +26,7 @@ from trainguard.policy.verdicts import (
     decide_capacity_wait,
     decide_no_capacity,
 )
+from trainguard.records.schema import DECISION_EVENT, WARM_START_EVENT
 from trainguard.states import AttemptOutcome, ReplicaState
 
 _LAUNCH_BATCH = 256  # replica environments built between two turns of the event loop

@@ -16,6 +16,7 @@ from trainguard.policy.decisions import (
 from trainguard.policy.verdicts import (
     judge_hang,
 )
+from trainguard.records.schema import HANG_CLEARED_EVENT
 from trainguard.states import JobState
 
 
@@ -49,7 +50,7 @@ class HangResponse(MasterCore):
         if cleared is not None:
             also = "; start-up allowance applies" if cleared.starting else ""
             self.say(f"{cleared.reason}: not a hang{also}")
-            self.rec.event(detected_s, None, "hang_cleared", cleared.reason)
+            self.rec.event(detected_s, None, HANG_CLEARED_EVENT, cleared.reason)
             for name in cleared.starting:
                 self.hangs.starting(name)
             self.hangs.rearm()

@@ -31,7 +31,6 @@ from trainguard.master.faults import Faults
 from trainguard.master.hang_response import HangResponse
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
-    DECISION_EVENT,
     Decision,
     Expire,
     FailJob,
@@ -43,6 +42,7 @@ from trainguard.policy.decisions import (
     WaitForCapacity,
     describe,
 )
+from trainguard.records.schema import DECISION_EVENT
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 
 

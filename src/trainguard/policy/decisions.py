@@ -107,13 +107,6 @@ Decision = (
 )
 
 
-DECISION_EVENT = "decision"
-"""The record of a decision that no failure led to (`trainguard explain` lists them)."""
-
-WARM_START_EVENT = "warm_start"
-"""The record of how the replicas were started: forked warm, or cold and why."""
-
-
 def describe(decision: Decision) -> str:
     """One line for records and logs: what was decided, why, and what it cost."""
     name = type(decision).__name__

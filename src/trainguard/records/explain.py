@@ -11,14 +11,14 @@ from trainguard.errors import SpecError
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.decisions import DECISION_EVENT, WARM_START_EVENT
 from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES
 from trainguard.records.rows import FailureRow
+from trainguard.records.schema import DECISION_EVENT, HANG_CLEARED_EVENT, WARM_START_EVENT
 from trainguard.signals import parse_signal
 
 EXPLAINED_EVENTS = {
     DECISION_EVENT: "decision",
-    "hang_cleared": "not a hang",
+    HANG_CLEARED_EVENT: "not a hang",
     WARM_START_EVENT: "start",
 }
 """Events `explain` lists beside the failures, with their label: decisions no failure led

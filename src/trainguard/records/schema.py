@@ -152,6 +152,11 @@ progress = Table(
     Column("commit_ms", Float),
 )
 
+# Kinds of event the master writes besides the SDK's (`trainguard explain` lists them).
+DECISION_EVENT = "decision"  # a decision no failure led to (capacity, expiry, partial success)
+HANG_CLEARED_EVENT = "hang_cleared"  # a hang report withdrawn: a sign of life came meanwhile
+WARM_START_EVENT = "warm_start"  # how the replicas started: forked warm, or cold and why
+
 # What training code said (send_custom_message) and other notable moments of a job.
 events = Table(
     "events",
