@@ -44,7 +44,7 @@ class FakeClock:
 class FakeBackend:
     """Starts nothing; reports what a test tells it, in the order it is told."""
 
-    preload_note: str | None = None
+    warm_start_notes: Sequence[str] = ()
 
     def __init__(self, fail_start: bool = False) -> None:
         self.emit: Callable[[BackendEvent], None] = lambda _e: None

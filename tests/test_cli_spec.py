@@ -364,3 +364,32 @@ def test_mpi_from_the_command_line_gets_a_launcher_and_its_ranks() -> None:
     spec = _build("--framework", "mpi", "--nproc", "3", "--", "python", "x.py")
     pools = [(p.role, p.replicas, p.command) for p in spec.worker_pools]
     assert pools == [("launcher", 1, ["mpirun"]), ("worker", 3, ["python", "x.py"])]
+
+
+def test_warm_start_is_on_by_default_and_flags_add_to_it_or_turn_it_off(tmp_path: Path) -> None:
+    cmd = ("--", "python", "t.py")
+    assert _build(*cmd).preload == ["auto"]
+    assert _build("--preload", "transformers,json", *cmd).preload == [
+        "auto",
+        "transformers",
+        "json",
+    ]
+    assert _build("--no-preload", *cmd).preload == []
+    assert _build("--preload", "none", *cmd).preload == []
+    assert _build_problems("--preload", "json", "--no-preload", *cmd) == [
+        "--preload and --no-preload: give one of them"
+    ]
+    off = _write_spec(
+        tmp_path, "name: j\npreload: none\nworker_pools: [{command: [python, t.py]}]\n"
+    )
+    assert _build("-f", off).preload == []
+    assert _build("-f", off, "--preload", "json").preload == ["json"]
+    named = _write_spec(
+        tmp_path, "name: j\npreload: [torch]\nworker_pools: [{command: [python, t.py]}]\n"
+    )
+    assert _build("-f", named).preload == ["torch"]  # a spec's list is what it says
+    mixed = _write_spec(
+        tmp_path, "name: j\npreload: [none, json]\nworker_pools: [{command: [x]}]\n"
+    )
+    (problem,) = _build_problems("-f", mixed)
+    assert problem.startswith("preload: ") and "cannot be listed with modules" in problem

@@ -90,9 +90,9 @@ BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
 
 class Backend(Protocol):
     @property
-    def preload_note(self) -> str | None:
-        """What the warm start did (or why it is off), for the master to say once; None
-        where the backend has no warm start."""
+    def warm_start_notes(self) -> Sequence[str]:
+        """What the warm start did, or why it is off or a replica starts cold, in order
+        (append-only: the master records each new one); empty where there is none."""
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         """Where to send events; called once before anything starts."""

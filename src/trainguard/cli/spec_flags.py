@@ -77,8 +77,14 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
     p.add_argument(
         "--preload",
-        help="preload: modules to import once and fork replicas from (warm start), e.g. torch; "
-        "auto: those of torch, torchvision, numpy, scipy the program imports",
+        help="preload: more modules for the warm start to import once (it finds torch, "
+        "numpy, ... itself), e.g. transformers; `none` turns warm start off",
+    )
+    p.add_argument(
+        "--no-preload",
+        action="store_true",
+        default=None,
+        help="preload: none: every replica starts its own interpreter (no warm start)",
     )
     p.add_argument("--backend", help="backend: local (default) or ray")
     p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")
@@ -205,8 +211,21 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     _merged(
         data, "ray", args, {"address": "ray_address", "placement_strategy": "placement_strategy"}
     )
-    if args.preload is not None:
-        data["preload"] = [m.strip() for m in args.preload.split(",") if m.strip()]
+    if args.preload is not None and args.no_preload:
+        raise SpecError(["--preload and --no-preload: give one of them"])
+    if args.no_preload:
+        data["preload"] = []
+    elif args.preload is not None:
+        named = [m.strip() for m in args.preload.split(",") if m.strip()]
+        if [m.lower() for m in named] == ["none"]:
+            data["preload"] = []
+        else:  # more, on top of what the spec has (by default, what auto finds)
+            before = data.get("preload")
+            if isinstance(before, str):
+                before = before.split(",")
+            base = ["auto"] if before is None else [str(m).strip() for m in before]
+            base = [m for m in base if m and m.lower() != "none"]
+            data["preload"] = [*base, *(m for m in named if m not in base)]
     if args.backend is not None:
         data["backend"] = args.backend
     elif args.ray_address is not None:

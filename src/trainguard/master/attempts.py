@@ -69,10 +69,15 @@ class Attempts(MasterCore):
             if i % _LAUNCH_BATCH == 0:
                 await asyncio.sleep(0)  # a large job: SIGTERM and cancel are heard meanwhile
         await self.backend.start(launches)
-        note = self.backend.preload_note
-        if note and self.attempt == 0:
+        self._record_warm_start()
+
+    def _record_warm_start(self) -> None:
+        """Say and record what the backend's warm start did since the last start."""
+        notes = self.backend.warm_start_notes
+        for note in notes[self._warm_notes_seen :]:
             self.say(note)
             self.rec.event(self.clock(), None, WARM_START_EVENT, note)
+        self._warm_notes_seen = len(notes)
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
@@ -151,4 +156,5 @@ class Attempts(MasterCore):
         self.hangs.starting(decision.replica)
         t0 = self.clock()
         await self.backend.start([self._launch(rep)])
+        self._record_warm_start()
         self.rec.restart_phases(record_id, stop_ms=0.0, start_ms=(self.clock() - t0) * 1000)

@@ -95,6 +95,7 @@ class MasterCore:
         self._queue: asyncio.Queue[MasterEvent] = asyncio.Queue()
         self._rendezvous: tuple[str, int] = ("127.0.0.1", 0)
         self._pending: PendingRestart | None = None
+        self._warm_notes_seen = 0  # how many of the backend's warm-start notes are recorded
         self._cancel_count = 0
         self._attempt_failures: list[Failure] = []
         self._background: set[asyncio.Future[Any]] = set()

@@ -222,9 +222,10 @@ class JobSpec(_Model):
     # Faults to inject into this job (see inject.py), e.g. "signal:worker-1:SIGKILL@20s".
     fault_injection: list[str] = Field(default_factory=list)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
-    # Warm start: modules a zygote imports once; `python script.py` replicas fork from it.
+    # Warm start (on by default): modules a zygote imports once, Python replicas fork from
+    # it. `auto`: what the program needs (torch, numpy, ...); `none` (or []): off.
     preload: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")]] = Field(
-        default_factory=list
+        default_factory=lambda: ["auto"]
     )
     # Where the replicas run: processes on this machine, or actors on a Ray cluster.
     backend: Literal["local", "ray"] = "local"
@@ -232,6 +233,18 @@ class JobSpec(_Model):
     notifications: list[NotifyRule] = Field(default_factory=list)
     # batch: a shard that cannot be retried is given up and listed; the others finish.
     allow_partial: bool = False
+
+    @field_validator("preload", mode="before")
+    @classmethod
+    def _preload_words(cls, value: Any) -> Any:
+        """`preload: none` turns warm start off; `preload: torch,numpy` is a list."""
+        if isinstance(value, str):
+            value = [m.strip() for m in value.split(",") if m.strip()]
+        if isinstance(value, list) and [str(m).lower() for m in value] == ["none"]:
+            return []
+        if isinstance(value, list) and any(str(m).lower() == "none" for m in value):
+            raise ValueError("'none' turns warm start off: it cannot be listed with modules")
+        return value
 
     @model_validator(mode="before")
     @classmethod

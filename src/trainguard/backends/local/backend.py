@@ -25,8 +25,8 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.oom import oom_kill_count
-from trainguard.backends.local.preload_plan import AUTO, SAFE, resolve
-from trainguard.backends.local.python_cmd import PythonCommand, parse
+from trainguard.backends.local.preload_plan import AUTO, resolve
+from trainguard.backends.local.python_cmd import parse, startup_env_differs
 from trainguard.backends.local.zygote import Zygote, ZygoteError
 from trainguard.backends.net import free_port
 from trainguard.backends.output import RunOutput
@@ -126,8 +126,9 @@ class LocalBackend:
         self._zygote: Zygote | None = None
         self._forked: dict[int, _Run] = {}
         self._early_exits: dict[int, int] = {}
-        self.preload_note: str | None = None  # why warm start is off, or how long it took
-        self._cold_said: set[str] = set()  # replicas whose cold start the note explains
+        self.warm_start_notes: list[str] = []  # what the warm start did, why one starts cold
+        self._cold_said: set[tuple[str, str]] = set()  # replicas whose cold start the note explains
+        self._planned = False  # the zygote was considered (once, at the first start)
 
     def last_output_s(self) -> float:
         """When any replica last printed anything (0 if none has yet)."""
@@ -144,43 +145,62 @@ class LocalBackend:
     async def start(self, launches: Sequence[Launch]) -> None:
         if self._guardian is None:
             self._guardian = Guardian()
-        if AUTO in self._preload and launches:
-            first = launches[0]
-            self._preload = tuple(resolve(self._preload, first.argv, first.cwd))
-            if not self._preload:
-                self.preload_note = (
-                    f"warm start off: --preload auto found none of {', '.join(SAFE)} "
-                    "among the program's imports"
-                )
-        if self._preload and self._zygote is None and self.preload_note is None:
-            await self._start_zygote()
+        if not self._planned and launches:
+            self._planned = True
+            await self._plan_warm_start(launches)
         loop = asyncio.get_running_loop()
         for launch in launches:
-            cmd = parse(launch.argv)
-            if self._zygote is not None and self._zygote.alive and isinstance(cmd, PythonCommand):
+            why = self._why_cold(launch)
+            if why is None:
                 await self._spawn_forked(loop, launch)
                 continue
-            if self._zygote is not None and isinstance(cmd, str):
-                self._cold(launch.replica, cmd)
+            if self._zygote is not None:
+                self._cold(launch.replica, why)
             await self._spawn(loop, launch)
 
-    def _cold(self, replica: str, why: str) -> None:
-        """Say once (in the note the master prints) why a replica does not fork."""
-        if replica not in self._cold_said:
-            self._cold_said.add(replica)
-            self.preload_note = f"{self.preload_note}; {replica} starts cold: {why}"
-
-    async def _start_zygote(self) -> None:
+    async def _plan_warm_start(self, launches: Sequence[Launch]) -> None:
+        """Start the zygote for the first launches, importing what `preload` names (`auto`:
+        what the first replica's program needs). Nothing to preload is said nowhere: the
+        replicas simply start the ordinary way."""
+        first = launches[0]
+        if AUTO in self._preload:
+            self._preload = tuple(
+                await asyncio.to_thread(
+                    resolve, self._preload, first.argv, first.cwd, first.env.get("PATH")
+                )
+            )
+        if not self._preload:
+            return
+        common = dict(first.env)
+        for launch in launches[1:]:
+            common = {k: v for k, v in common.items() if launch.env.get(k) == v}
         try:
-            self._zygote = await Zygote.start(self._preload)
+            self._zygote = await Zygote.start(self._preload, common)
         except ZygoteError as exc:
-            self.preload_note = f"warm start off: {exc}"
+            self.warm_start_notes.append(f"warm start off: {exc}")
             return
         self._zygote.on_exit = self._forked_exit
-        self.preload_note = (
+        self.warm_start_notes.append(
             f"warm start: {', '.join(self._preload)} imported once in "
             f"{self._zygote.import_s:.2f} s; replicas fork from it"
         )
+
+    def _why_cold(self, launch: Launch) -> str | None:
+        """Why this replica cannot fork from the zygote, or None when it can."""
+        if self._zygote is None:
+            return "no preload process"
+        if not self._zygote.alive:
+            return "the preload process is gone"
+        cmd = parse(launch.argv, launch.env.get("PATH"))
+        if isinstance(cmd, str):
+            return cmd
+        return startup_env_differs(self._zygote.env, launch.env)
+
+    def _cold(self, replica: str, why: str) -> None:
+        """Say (once per replica and reason) why a replica does not fork."""
+        if (replica, why) not in self._cold_said:
+            self._cold_said.add((replica, why))
+            self.warm_start_notes.append(f"{replica} starts cold: {why}")
 
     async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         assert self._zygote is not None

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +105,12 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], f
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it up
         _apply_thread_env()
+        _reseed()
         cmd = parse(req["argv"])
         assert isinstance(cmd, PythonCommand), cmd  # the master asks only for forkable ones
+        sys.orig_argv = list(req["argv"])
         _run_as_python_would(cmd, req["cwd"])
         code = 0
     except SystemExit as exc:
@@ -148,13 +151,39 @@ def _finalize_as_python_would(code: int) -> int:
     return code
 
 
+def _count(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 def _apply_thread_env() -> None:
     """Thread counts the replica's environment asks for, for libraries the zygote imported
-    before it knew them (OpenMP reads OMP_NUM_THREADS when torch loads, not later)."""
+    before it knew them (OpenMP reads OMP_NUM_THREADS when torch loads, OpenBLAS its own
+    variables when numpy loads, not later)."""
     torch = sys.modules.get("torch")
-    wanted = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and wanted.isdigit() and int(wanted) > 0:
-        torch.set_num_threads(int(wanted))
+    omp = _count("OMP_NUM_THREADS")
+    if torch is not None and omp is not None:
+        torch.set_num_threads(omp)
+    if "numpy" in sys.modules:
+        # The zygote ran OpenBLAS on one thread (see Zygote.start); a cold process would
+        # have what these variables say, else one per CPU.
+        blas = _count("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") or os.cpu_count() or 1
+        with contextlib.suppress(Exception):  # threadpoolctl is optional (extra `torch`)
+            importlib.import_module("threadpoolctl").threadpool_limits(blas, user_api="blas")
+
+
+def _reseed() -> None:
+    """What a fresh interpreter draws at random is drawn again: numpy's global generator
+    and multiprocessing's authkey (`random` reseeds itself after a fork)."""
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        mp_process.current_process().authkey = os.urandom(32)
 
 
 def _run_as_python_would(cmd: PythonCommand, cwd: str) -> None:
@@ -162,12 +191,16 @@ def _run_as_python_would(cmd: PythonCommand, cwd: str) -> None:
     interpreter would have given it."""
     import runpy
 
-    if cmd.unbuffered:
+    if cmd.unbuffered or os.environ.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(write_through=True)  # type: ignore[union-attr]
-    else:
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    sys.dont_write_bytecode = cmd.no_bytecode
+    else:  # a pipe: block-buffered, as a cold interpreter's would be
+        sys.stdout.reconfigure(line_buffering=False)  # type: ignore[union-attr]
+    sys.dont_write_bytecode = cmd.no_bytecode or bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
     sys.argv = [cmd.argv0, *cmd.args]
     if cmd.mode == "script":
         script = str(Path(cwd, cmd.target))
@@ -275,9 +308,14 @@ class Zygote:
         self.on_exit: Callable[[int, int], None] = lambda _pid, _code: None
         self.import_s = 0.0
         self.alive = True
+        self.env: dict[str, str] = {}  # the environment it imported in (startup_env_differs)
 
     @classmethod
-    async def start(cls, modules: Sequence[str], timeout_s: float = 120.0) -> Zygote:
+    async def start(
+        cls, modules: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+    ) -> Zygote:
+        """Start a zygote importing `modules` in `env` (the replicas' common environment:
+        what a library reads when it is imported is then what the replicas would give it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = "import sys; from trainguard.backends.local.zygote import main; " + (
             f"main({expand(modules)!r}, {theirs.fileno()})"
@@ -285,7 +323,8 @@ class Zygote:
         # numpy's OpenBLAS starts its worker threads at import; one thread keeps the zygote
         # single-threaded (forkable). Replicas then run numpy's BLAS on one thread; torch's
         # own thread pools start after the fork, in each replica, as usual.
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+        base = dict(os.environ if env is None else env)
+        env = {**base, "OPENBLAS_NUM_THREADS": base.get("OPENBLAS_NUM_THREADS", "1")}
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -315,6 +354,7 @@ class Zygote:
                 f"importing {', '.join(modules)} {what}: forking from it would not be safe"
             )
         z = cls(proc, ours)
+        z.env = base
         z.import_s = float(hello["import_s"])
         loop.add_reader(ours.fileno(), z._readable)
         return z

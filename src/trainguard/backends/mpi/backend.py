@@ -270,8 +270,8 @@ class MpiBackend:
         await self._inner.close()
 
     @property
-    def preload_note(self) -> str | None:
-        return self._inner.preload_note
+    def warm_start_notes(self) -> Sequence[str]:
+        return self._inner.warm_start_notes
 
 
 def _is_launcher(launch: Launch) -> bool:

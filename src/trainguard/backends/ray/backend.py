@@ -71,7 +71,7 @@ class _Run:
 
 
 class RayBackend:
-    preload_note: str | None = None  # no warm start on Ray (yet)
+    warm_start_notes: Sequence[str] = ()  # no warm start on Ray (yet)
 
     def __init__(
         self,
