@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import os
 import signal
+import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainguard import sdk
+
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,10 +35,17 @@ def _args() -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default="ddp-ckpt")
     p.add_argument("--out", help="where rank 0 writes the final weights")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
     p.add_argument(
         "--crash-at-step",
         type=int,
         help="demo fault: on the first attempt only, rank --crash-rank SIGKILLs itself here",
+    )
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="keep every step's state in memory with trainguard.sdk.snapshot and resume from "
+        "the newest one all ranks hold (a killed rank then costs one step)",
     )
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument(
@@ -55,9 +65,9 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _model() -> nn.Module:
+def _model(hidden: int) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+    return nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
 
 def _save_atomic(obj: object, path: Path) -> None:
@@ -86,21 +96,29 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 
-    model = _model()
+    model = _model(args.hidden)
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_dir / "checkpoint.pt"
     start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
+    state = torch.load(ckpt, weights_only=True) if ckpt.exists() else None
+    where = "checkpoint"
+    if args.snapshot:
+        found = sdk.load_snapshot()  # the newest step every rank holds, memory or disk
+        if found is not None and (state is None or found[0] >= int(state["step"])):
+            state, where = found[1], "snapshot"
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = int(state["step"])
-        print(f"rank {rank}: resumed from step {start} (restart {restart})", flush=True)
+        print(f"rank {rank}: resumed from {where} of step {start} (restart {restart})", flush=True)
+    step_s: list[float] = []
+    snap_s: list[float] = []
 
     for step in range(start + 1, args.steps + 1):
+        t_step = time.perf_counter()
         gen = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(64, 32, generator=gen)
         y = torch.sin(x.sum(dim=1, keepdim=True))
@@ -110,6 +128,11 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.snapshot:
+            t_snap = time.perf_counter()
+            sdk.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step)
+            snap_s.append(time.perf_counter() - t_snap)
+        step_s.append(time.perf_counter() - t_step)
         print(f"step {step} loss {loss.item():.6f} rank {rank} t={time.time():.6f}", flush=True)
         if step == args.crash_at_step and rank == args.crash_rank and restart == 0:
             print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
@@ -129,6 +152,13 @@ def main() -> None:
         if args.step_time:
             time.sleep(args.step_time)
 
+    if snap_s:
+        cost, whole = statistics.median(snap_s), statistics.median(step_s)
+        print(
+            f"snapshot cost rank {rank}: {cost * 1000:.3f} ms median per step, "
+            f"{100 * cost / whole:.1f}% of a step of {whole * 1000:.2f} ms (without --step-time)",
+            flush=True,
+        )
     if rank == 0:
         digest = weights_digest(model)
         if args.out:

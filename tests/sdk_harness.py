@@ -51,6 +51,9 @@ class Recorder:
     def on_faulthandler(self, replica: str) -> None:
         self._add("faulthandler", replica)
 
+    def on_snapshot(self, replica: str, step: int, world: int) -> None:
+        self._add("snapshot", replica, step, world)
+
     def on_report(
         self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
     ) -> None:

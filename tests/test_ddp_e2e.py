@@ -231,3 +231,57 @@ def test_warm_start_recovers_with_identical_weights_and_skips_the_import(
     (rec,) = tg.json("records", job["id"])
     assert _same_weights(baseline, tmp_path / "warm.pt")
     print(f"warm restart phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")
+
+
+def _resumed_from(tg: TG, job_id: str) -> list[str]:
+    """What each rank of the job's last attempt says it resumed from."""
+    logs = [Path(r["log_path"]) for r in tg.json("status", job_id)["replicas"]]
+    return [x for log in logs for x in log.read_text().splitlines() if "resumed from" in x]
+
+
+def test_in_memory_snapshots_redo_no_more_than_the_running_step(
+    tmp_path: Path, baseline: Path
+) -> None:
+    """Rank 1 dies after step 35; the last checkpoint on disk is step 30, the snapshot in
+    memory step 35: the restart resumes there, with the fault-free weights."""
+    tg = TG(tmp_path / "home")
+    argv = _train(tg, tmp_path / "ck", tmp_path / "snap.pt")
+    res = tg(*argv, "--snapshot", "--crash-at-step", "35", timeout=300)
+    assert res.returncode == 0, res.stderr
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)
+    said = _resumed_from(tg, job["id"])
+    assert sorted(said) == [
+        f"rank {r}: resumed from snapshot of step 35 (restart 1)" for r in (0, 1)
+    ]
+    assert _same_weights(baseline, tmp_path / "snap.pt")
+    logs = [Path(r["log_path"]).read_text() for r in tg.json("status", job["id"])["replicas"]]
+    cost = [x for log in logs for x in log.splitlines() if "snapshot cost" in x]
+    assert len(cost) == 2, cost  # each rank measured what a snapshot costs it
+    print("\n".join(cost))
+
+
+def test_a_killed_master_falls_back_to_the_durable_copy_of_the_snapshots(
+    tmp_path: Path, baseline: Path
+) -> None:
+    """No checkpoint of its own (--ckpt-every beyond the run): what is left when the master
+    dies is the copy it made of every 20th step; the resumed job starts there."""
+    tg = TG(tmp_path / "home")
+    argv = _train(tg, tmp_path / "ck", tmp_path / "snapm.pt")
+    proc = tg.start(*argv, "--snapshot", "--ckpt-every", "1000")
+    job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
+
+    def at_step_50() -> bool:
+        replicas = tg.json("status", job_id)["replicas"]
+        log = Path(replicas[0]["log_path"]) if replicas else None
+        return log is not None and log.exists() and "step 50 loss" in log.read_text()
+
+    wait_for(at_step_50, timeout=120, what="step 50")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    res = tg("resume", job_id, "--quiet", timeout=300)
+    assert res.returncode == 0, res.stderr
+    said = _resumed_from(tg, job_id)
+    steps = {int(x.split("snapshot of step ")[1].split()[0]) for x in said}
+    assert len(said) == 2 and steps in ({40}, {60}), said  # a durable copy, the same for both
+    assert _same_weights(baseline, tmp_path / "snapm.pt")

@@ -7,6 +7,8 @@
     @sdk.hang_detect(-1)                      # e.g. a long checkpoint: hang detection off
     sdk.set_retryable_errors([r"NCCL timeout"])
     sdk.send_custom_message("eval loss 1.72")
+    sdk.snapshot({"model": model.state_dict()}, step)  # in memory, each step: cheap
+    restored = sdk.load_snapshot()            # (step, state) after a restart, or None
 
 The master sets TRAINGUARD_MASTER_URL, TRAINGUARD_TOKEN and TRAINGUARD_REPLICA for each
 replica. Without them every call does nothing (one SdkWarning per process; `enabled()`
@@ -182,6 +184,9 @@ def set_retryable_errors(patterns: list[str]) -> None:
 
 
 ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"
+ENV_SNAPSHOT_DIR = "TRAINGUARD_SNAPSHOT_DIR"
+ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
+ENV_SNAPSHOT_PERSIST_EVERY = "TRAINGUARD_SNAPSHOT_PERSIST_EVERY"
 
 
 def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
@@ -202,14 +207,116 @@ def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
 
 
 def get_checkpoint() -> str | None:
-    """The folder of the latest complete checkpoint of this job, or None."""
+    """The folder of the newest complete checkpoint of this job, or None: the newest step
+    that every rank holds in memory (`snapshot`), unless a durable checkpoint (a reported
+    one, or a copy of snapshots) is of a later step."""
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
-    if not storage:
-        return None
+    durable: Path | None = None
+    if storage:
+        from trainguard.records import checkpoints
+
+        durable = checkpoints.latest(storage)
+    memory = _memory_snapshot()
+    if memory is not None and (durable is None or memory[0] >= _durable_step(durable)):
+        return str(memory[1])
+    return str(durable) if durable else None
+
+
+def _durable_step(folder: Path) -> int:
     from trainguard.records import checkpoints
 
-    found = checkpoints.latest(storage)
-    return str(found) if found else None
+    step = (checkpoints.read_manifest(folder) or {}).get("step")
+    return step if isinstance(step, int) else -1
+
+
+def _memory_snapshot() -> tuple[int, Path] | None:
+    root = os.environ.get(ENV_SNAPSHOT_DIR)
+    if not root:
+        return None
+    from trainguard.records import snapshots
+
+    step = snapshots.newest_complete(Path(root), _world())
+    return None if step is None else (step, snapshots.step_dir(Path(root), step))
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+def _rank() -> int:
+    return _int_env("RANK", 0)
+
+
+def _world() -> int:
+    return max(1, _int_env("WORLD_SIZE", 1))
+
+
+def snapshot(state: object, step: int) -> None:
+    """Keep `state` (anything pickle can write: model and optimizer state_dicts, the data
+    loader's position, RNG states) for `step`, in the job's shared memory.
+
+    Call it on every rank after each step: a copy into memory, no disk. After a restart,
+    `load_snapshot()` gives back the newest step that every rank stored (a rank killed
+    mid-step costs that step only). The master copies every N-th step to the checkpoint
+    storage in the background (`checkpoint.snapshot_persist_every`), which is what is left
+    if the master itself is killed. Outside trainguard it does nothing."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step: expected an integer >= 0, got {step!r}")
+    root = os.environ.get(ENV_SNAPSHOT_DIR)
+    if not root:
+        _warn_outside()
+        return
+    from trainguard.records import snapshots
+
+    form, payload = _serialise(state)
+    attempt = _int_env(ENV_ATTEMPT, 0)
+    snapshots.write(Path(root), _rank(), _world(), attempt, step, payload, form)
+    if snapshots.due(step, _int_env(ENV_SNAPSHOT_PERSIST_EVERY, 0)):
+        # Only the steps the master copies: a message each step would cost a step's few %.
+        _post("/v1/snapshot", {"step": step, "world": _world()})
+
+
+def load_snapshot(folder: str | None = None) -> tuple[int, object] | None:
+    """(step, state) of this rank from `folder` (default: `get_checkpoint()`), verified;
+    None where there is none (a first run, or a checkpoint that holds no snapshots).
+
+    The state is unpickled: load only what this job stored (as with `torch.load`)."""
+    where = folder if folder is not None else get_checkpoint()
+    if where is None:
+        return None
+    from trainguard.records import snapshots
+
+    found = snapshots.load(Path(where), _rank())
+    if found is None:
+        return None
+    header, payload = found
+    return header.step, _deserialise(header.format, payload)
+
+
+def _serialise(state: object) -> tuple[str, bytes | memoryview]:
+    """torch.save where torch is loaded (twice as fast as pickle on tensors), else pickle."""
+    import io
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import pickle
+
+        return "pickle", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return "torch", buf.getbuffer()
+
+
+def _deserialise(form: str, payload: bytes) -> object:
+    import io
+    import pickle
+
+    if form == "torch":
+        import torch
+
+        return torch.load(io.BytesIO(payload), weights_only=False)
+    return pickle.loads(payload)
 
 
 def mark_checkpoint_bad(path: str) -> None:

@@ -33,6 +33,7 @@ from trainguard.master.keeper import CheckpointKeeper
 from trainguard.master.launch import LaunchBuilder
 from trainguard.master.ledger import Ledger
 from trainguard.master.sdk_channel import SdkServer, new_token
+from trainguard.master.snapshot_keeper import SnapshotKeeper
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import Classification
@@ -118,6 +119,9 @@ class MasterCore:
         self.inbox.on_step = self.faults.on_step
         self.keeper = CheckpointKeeper(spec.checkpoint, log_dir, recorder, clock)
         self.inbox.on_progress = self.keeper.on_progress
+        every = spec.checkpoint.snapshot_persist_every
+        self.snapshots = SnapshotKeeper(job_id, log_dir, self.keeper, every, say, clock)
+        self.inbox.on_snapshot_stored = self.snapshots.on_snapshot
         self.sdk = SdkServer(self.inbox, new_token())
         self.rules()  # load the catalogue now, not on the first failure
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
@@ -147,6 +151,9 @@ class MasterCore:
             "TRAINGUARD_MASTER_URL": self.sdk.url,
             "TRAINGUARD_TOKEN": self.sdk.token,
             "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
+            "TRAINGUARD_SNAPSHOT_DIR": str(self.snapshots.root),
+            "TRAINGUARD_ATTEMPT": str(self.attempt),
+            "TRAINGUARD_SNAPSHOT_PERSIST_EVERY": str(self.snapshots.every),
         }
         name = rep.plan.name
         devices = self.gpus.visible_devices(name)

@@ -28,6 +28,7 @@ class Inbox:
         self.on_progress: Callable[[str, int | None, dict[str, object], str | None], None] = (
             lambda *_: None
         )
+        self.on_snapshot_stored: Callable[[str, int, int], None] = lambda *_: None
 
     def on_heartbeat(self, replica: str, step: int | None) -> None:
         self.hangs.beat(replica, step)
@@ -52,6 +53,10 @@ class Inbox:
 
     def on_faulthandler(self, replica: str) -> None:
         self.faulthandler.add(replica)
+
+    def on_snapshot(self, replica: str, step: int, world: int) -> None:
+        self.on_heartbeat(replica, step)
+        self.on_snapshot_stored(replica, step, world)
 
     def command_for(self, replica: str) -> dict[str, object] | None:
         """A command for this replica, sent once in the answer to its next SDK call."""

@@ -92,6 +92,7 @@ class Master(Attempts, Exits, HangResponse, Faults):
         self._cancel_exit_hang()
         self.faults.disarm()
         await self.backend.close()
+        await self.snapshots.close()
         await self._settle()
         await self.sdk.close()
         await self.rec.drain()  # what a locked or full store held: written now

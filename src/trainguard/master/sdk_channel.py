@@ -75,6 +75,10 @@ class SdkHandler(Protocol):
     def on_faulthandler(self, replica: str) -> None:
         """The replica dumps its stacks on SIGUSR2: safe to send when py-spy cannot attach."""
 
+    def on_snapshot(self, replica: str, step: int, world: int) -> None:
+        """The replica stored its state for `step` in the job's shared memory (one of
+        `world` ranks); also a heartbeat at that step."""
+
 
 def new_token() -> str:
     """A per-job secret for TRAINGUARD_TOKEN."""
@@ -104,6 +108,7 @@ _ROUTES: dict[str, Callable[[SdkHandler, str, _Body], None]] = {
     "/v1/message": lambda h, replica, b: h.on_message(replica, _text(b)),
     "/v1/faulthandler": lambda h, replica, b: h.on_faulthandler(replica),
     "/v1/report": lambda h, replica, b: h.on_report(replica, _step(b), _metrics(b), _checkpoint(b)),
+    "/v1/snapshot": lambda h, replica, b: h.on_snapshot(replica, _given_step(b), _world(b)),
 }
 _PING = "/v1/ping"
 
@@ -313,6 +318,23 @@ def _step(body: _Body) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
         raise _bad("step", f"an integer from 0 to {MAX_STEP} or null", value)
+    return value
+
+
+def _given_step(body: _Body) -> int:
+    step = _step(body)
+    if step is None:
+        raise _bad("step", f"an integer from 0 to {MAX_STEP}", None)
+    return step
+
+
+MAX_WORLD = 1_000_000
+
+
+def _world(body: _Body) -> int:
+    value = body.get("world")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD:
+        raise _bad("world", f"an integer from 1 to {MAX_WORLD}", value)
     return value
 
 

@@ -207,6 +207,15 @@ def commit(
             return name
 
 
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest of a checkpoint folder (as `latest()` returns it); None if unreadable."""
+    try:
+        data = json.loads((folder / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def manifest_of(storage: Storage, name: str) -> dict[str, Any] | None:
     """The manifest of a committed checkpoint; None if there is no such checkpoint."""
     return _manifest(_store(storage), name) if _NAME.match(name) else None

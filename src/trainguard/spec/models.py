@@ -170,6 +170,9 @@ class CheckpointPolicy(_Model):
     keep_best: int = Field(default=0, ge=0, le=MAX_LIMIT)
     score_attribute: str | None = None
     score_order: Literal["max", "min"] = "max"
+    # sdk.snapshot(state, step) keeps state in memory; every N-th step that all ranks hold
+    # is also copied here, in the background, as a checkpoint (0: never).
+    snapshot_persist_every: int = Field(default=20, ge=0, le=MAX_LIMIT)
 
 
 class QueuePolicy(_Model):
