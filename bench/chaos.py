@@ -6,7 +6,13 @@ Faults, injected with `trainguard run --inject` at a seeded random time of the r
 attempt: SIGKILL of a rank, SIGSEGV, a hang (SIGSTOP, found by the hang detector), a
 SIGTERM "preemption", and a SIGKILL of the master followed by `trainguard resume`.
 
+With `--snapshot` the example keeps every step's state in memory (`sdk.snapshot`) and
+resumes from the newest step all ranks hold; it also prints what a snapshot costs. Each
+line then shows the steps redone per fault (step lines of rank 0 beyond the run's own
+steps) next to the time lost.
+
     python bench/chaos.py --seeds 3
+    python bench/chaos.py --seeds 3 --snapshot
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
 TRAIN_ARGS = ("--steps", "150", "--ckpt-every", "10", "--step-time", "0.03")
 SHA = re.compile(r"final weights sha256 ([0-9a-f]{64})")
+STEP0 = re.compile(r"^step \d+ loss \S+ rank 0 ", re.M)
+COST = re.compile(r"snapshot cost rank \d+: ([\d.]+) ms median per step, ([\d.]+)% of a step")
 
 FAULTS = {
     "sigkill": ("signal:worker-1:SIGKILL@{t}s",),
@@ -40,7 +48,7 @@ def _tg(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPro
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def one_run(work: Path, fault: str | None, t: float) -> dict[str, object]:
+def one_run(work: Path, fault: str | None, t: float, snapshot: bool) -> dict[str, object]:
     home = work / f"{fault or 'clean'}-{time.monotonic_ns()}"
     ckpt = home / "ckpt"
     extra: list[str] = []
@@ -48,6 +56,7 @@ def one_run(work: Path, fault: str | None, t: float) -> dict[str, object]:
         spec, *flags = FAULTS[fault]
         extra = ["--inject", spec.format(t=f"{t:.2f}"), *flags]
     cmd = [sys.executable, str(EXAMPLE), *TRAIN_ARGS, "--ckpt-dir", str(ckpt)]
+    cmd += ["--snapshot"] if snapshot else []
     t0 = time.monotonic()
     res = _tg(
         home, "run", "--quiet", "--nproc-per-node", "2", "--job-name", "chaos", *extra, "--", *cmd
@@ -55,7 +64,7 @@ def one_run(work: Path, fault: str | None, t: float) -> dict[str, object]:
     if fault == "master":  # the master killed itself: resume the job
         res = _tg(home, "resume", "chaos", "--quiet")
     wall = time.monotonic() - t0
-    logs = _tg(home, "logs", "chaos").stdout
+    logs = "".join(p.read_text(errors="replace") for p in sorted(home.glob("jobs/*/*/*.log")))
     digest = SHA.search(logs)
     status = _tg(home, "status", "chaos", "--json").stdout
     attempts = int(m[1]) if (m := re.search(r'"attempts": (\d+)', status)) else 0
@@ -65,6 +74,8 @@ def one_run(work: Path, fault: str | None, t: float) -> dict[str, object]:
         "wall_s": wall,
         "attempts": attempts,
         "sha": digest[1] if digest else None,
+        "redone": len(STEP0.findall(logs)) - int(TRAIN_ARGS[1]),
+        "cost": [(float(a), float(b)) for a, b in COST.findall(logs)],
     }
 
 
@@ -72,21 +83,29 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--snapshot", action="store_true", help="in-memory snapshots every step")
     args = p.parse_args()
     faults = args.faults.split(",")
     with tempfile.TemporaryDirectory(prefix="tg-chaos-") as tmp:
         work = Path(tmp)
-        clean = [one_run(work, None, 0) for _ in range(2)]
+        clean = [one_run(work, None, 0, args.snapshot) for _ in range(2)]
         base = clean[0]["sha"]
         assert base and all(c["sha"] == base for c in clean), clean
         clean_wall = statistics.median(float(str(c["wall_s"])) for c in clean)
         print(f"fault-free: sha256 {str(base)[:12]}, wall {clean_wall:.1f} s (median of 2)")
+        costs = [c for r in clean for c in r["cost"]]  # type: ignore[attr-defined]
+        if costs:
+            print(
+                f"snapshot cost: {statistics.median(c[0] for c in costs):.2f} ms median, "
+                f"{statistics.median(c[1] for c in costs):.1f}% of a step (without the "
+                f"--step-time sleep), over {len(costs)} ranks of the fault-free runs"
+            )
         totals = {"runs": 0, "recovered": 0, "mismatches": 0}
         for fault in faults:
             rows = []
             for seed in range(args.seeds):
                 t = random.Random(f"{fault}-{seed}").uniform(3.5, 6.0)
-                rows.append(one_run(work, fault, t))
+                rows.append(one_run(work, fault, t, args.snapshot))
             ok = [r for r in rows if r["rc"] == 0 and r["sha"] is not None]
             bad = [r for r in ok if r["sha"] != base]
             lost = [float(str(r["wall_s"])) - clean_wall for r in ok]
@@ -96,7 +115,8 @@ def main() -> None:
             print(
                 f"{fault:<8} runs {len(rows)}, recovered {len(ok)}, mismatches {len(bad)}, "
                 f"attempts {[r['attempts'] for r in rows]}, time lost per fault "
-                f"{statistics.median(lost) if lost else float('nan'):.1f} s median"
+                f"{statistics.median(lost) if lost else float('nan'):.1f} s median, steps redone "
+                f"{[r['redone'] for r in ok]}"
             )
         print(
             f"total: {totals['runs']} runs, {totals['runs']} faults injected, "

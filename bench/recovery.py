@@ -1,4 +1,5 @@
-"""Recovery benchmark: a 2-rank DDP job (gloo, CPU) under `trainguard run` vs `torchrun`.
+"""Recovery benchmark: a 2-rank DDP job (gloo, CPU) under `trainguard run` (default flags)
+vs `torchrun` and NVIDIA's `ft_launcher` (nvidia-resiliency-ext), in one interleaved run.
 
 Each run launches examples/ddp_train.py with `--crash-at-step K`: on the first attempt
 rank 1 SIGKILLs itself, and the launcher must restart the job, which resumes from its
@@ -9,13 +10,17 @@ last checkpoint. Per run we measure, from the replicas' own logs (`t=` is time.t
   recovered            a later attempt printed a step within 60 s of the fault, and exit 0
   identical weights    `final weights sha256` equals an uninterrupted baseline run's
 
-Tools are interleaved (tg, torchrun, torchrun-noshare, tg, ...). `torchrun` is stock
-`torchrun --standalone --max-restarts 3`; `torchrun-noshare` is the same with
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, the documented workaround for restarts failing on a
-stale shared rendezvous store (pytorch/pytorch#135712). Every run gets a fresh session and
-is killed as a whole process group at --timeout, so a hung launcher never blocks the bench.
+Tools are interleaved (tg, tg-cold, torchrun, ft_launcher, tg, ...). `tg` is
+`trainguard run` with no flag (warm start is the default); `tg-cold` adds `--no-preload`.
+`torchrun` is stock `torchrun --standalone --max-restarts 3`; `ft_launcher` is the same
+command line under `ft_launcher` (pip install nvidia-resiliency-ext; on a machine without
+NVIDIA's driver it logs NVML errors and runs on); `torchrun-noshare` (not in the default
+list) adds TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, the documented workaround for restarts
+failing on a stale shared rendezvous store (pytorch/pytorch#135712). Every run gets a fresh
+session and is killed as a whole process group at --timeout, so a hung launcher never
+blocks the bench.
 
-    python bench/recovery.py --runs 5 --json /tmp/recovery.json
+    python bench/recovery.py --runs 20 --json /tmp/recovery.json
 """
 
 from __future__ import annotations
@@ -39,8 +44,10 @@ BIN = Path(sys.executable).parent
 TRAIN = ROOT / "examples" / "ddp_train.py"
 RECOVERY_LIMIT_S = 60.0
 PHASES = ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
-TOOLS = ("tg", "tg-warm", "torchrun", "torchrun-noshare")
-"""tg-warm: trainguard with `--preload torch` (replicas fork from a zygote that imported torch)."""
+TOOLS = ("tg", "tg-cold", "torchrun", "ft_launcher", "torchrun-noshare")
+DEFAULT_TOOLS = TOOLS[:4]
+PEERS = ("torchrun", "ft_launcher", "torchrun-noshare")
+"""The launchers trainguard is compared with."""
 
 STEP_RE = re.compile(r"^step (\d+) loss \S+ rank (\d+) t=([\d.]+)")
 FAULT_RE = re.compile(r"^injected fault: rank \d+ SIGKILLs itself t=([\d.]+)")
@@ -51,7 +58,7 @@ ATTEMPT_RE = re.compile(r"attempt[-_](\d+)")
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="crash runs per tool")
-    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {TOOLS}")
+    p.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"comma list of {TOOLS}")
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--crash-at-step", type=int, default=40)
     p.add_argument("--ckpt-every", type=int, default=10)
@@ -62,7 +69,9 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> list[str]:
+def _command(
+    tool: str, work: Path, args: argparse.Namespace, crash: bool, nproc: int = 2
+) -> list[str]:
     job = [
         str(TRAIN),
         "--ckpt-dir",
@@ -83,18 +92,18 @@ def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> li
             str(work / "tg"),
             "run",
             "--quiet",
-            *(["--preload", "torch"] if tool == "tg-warm" else []),
+            *(["--no-preload"] if tool == "tg-cold" else []),
             "--nproc-per-node",
-            "2",
+            str(nproc),
             "--",
             sys.executable,
             *job,
         ]
     return [
-        str(BIN / "torchrun"),
+        str(BIN / ("ft_launcher" if tool == "ft_launcher" else "torchrun")),
         "--standalone",
         "--nproc-per-node",
-        "2",
+        str(nproc),
         "--max-restarts",
         "3",
         "--log-dir",
@@ -107,7 +116,7 @@ def _command(tool: str, work: Path, args: argparse.Namespace, crash: bool) -> li
 
 def _log_files(tool: str, work: Path) -> list[tuple[int, Path]]:
     """(attempt, file) for every replica log: trainguard's jobs/<id>/attempt-<n>/worker-<i>.log,
-    torchrun's <run>/attempt_<n>/<local_rank>/{stdout,stderr}.log."""
+    torchrun's (and ft_launcher's) <run>/attempt_<n>/<local_rank>/{stdout,stderr}.log."""
     base = work / "tg" / "jobs" if tool.startswith("tg") else work / "logs"
     out = []
     for f in sorted(base.rglob("*.log")):
@@ -261,15 +270,18 @@ def report(results: list[dict], baseline: str | None, tools: list[str], n: int) 
                 f"  restart record phases (median ms over {len(recs)} records): " + ", ".join(parts)
             )
     for ours in (t for t in tools if t.startswith("tg")):
-        for other in (t for t in tools if not t.startswith("tg")):
+        for other in (t for t in tools if t in PEERS):
             for key, label in (("k2s", "kill -> first step"), ("cold", "cold start")):
                 a, b = meds[ours][key], meds[other][key]
                 ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
                 print(f"ratio {ours}/{other} of medians, {label}: {ratio}")
-    if "tg-warm" in meds and "tg" in meds:
-        a, cold = meds["tg-warm"]["k2s"], meds["tg"]["cold"]
-        if a is not None and cold:
-            print(f"ratio tg-warm kill -> first step / tg cold start: {a / cold:.2f}")
+    peers = [m["k2s"] for t, m in meds.items() if t in PEERS and m["k2s"] is not None]
+    if "tg" in meds and meds["tg"]["k2s"] is not None and peers:
+        best = min(peers)
+        print(
+            f"ratio tg / the better peer's median, kill -> first step: "
+            f"{meds['tg']['k2s'] / best:.3f} (target <= 0.2)"
+        )
 
 
 def main() -> int:

@@ -56,7 +56,10 @@ def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: P
     args: tuple[str, ...] = ("--steps", "300", "--step-time", "0.03", "--ckpt-every", "100")
     args += ("--ckpt-dir", str(tmp_path / "ckpt"))  # paced: ~9 s, the worker rejoins in time
     pools = {"chief": 1, "worker": 2, "ps": 1}
-    proc = tg.start("run", "--quiet", "-f", _job(tmp_path, "ps", "tf_ps.py", pools, *args))
+    # Cold: the test reads each worker's TF_CONFIG from /proc/<pid>/environ, which for a
+    # replica forked from the warm-start zygote shows the zygote's (README: what differs).
+    job = _job(tmp_path, "ps", "tf_ps.py", pools, *args)
+    proc = tg.start("run", "--quiet", "--no-preload", "-f", job)
     try:
         status = wait_for(
             lambda: (s := tg.status_or_none("ps")) and s["state"] == "RUNNING" and s, 120, "a run"

@@ -35,6 +35,7 @@ if __name__ == "__main__":
 KERAS = """
 import hashlib, os
 import numpy as np
+print("DRAW", np.random.rand(), flush=True)  # unseeded: each process draws its own
 import tensorflow as tf
 
 tf.keras.utils.set_random_seed(3)
@@ -44,7 +45,6 @@ model.compile("sgd", "mse")
 model.fit(x, x.sum(1), epochs=2, batch_size=16, verbose=0)
 weights = b"".join(w.tobytes() for w in model.get_weights())
 print("KERAS", os.environ["RANK"], hashlib.sha256(weights).hexdigest()[:16], flush=True)
-print("DRAW", np.random.rand(), flush=True)  # unseeded: each process draws its own
 """
 
 

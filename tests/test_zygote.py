@@ -67,6 +67,7 @@ def test_another_virtual_environment_is_another_interpreter(tmp_path: Path) -> N
 def test_preload_names_expand() -> None:
     assert expand(["torch", "json"])[:2] == ["torch", "torch.distributed"]
     assert expand(["json", "json"]) == ["json"]
+    assert expand(["torch", "json"], distributed=False) == ["torch", "json"]
 
 
 PROBE = """
@@ -255,19 +256,28 @@ def test_a_zygote_holding_a_device_context_would_be_refused(
 
 
 LOADER = """
-import sys, torch
+import multiprocessing, sys, torch
 from torch.utils.data import DataLoader, TensorDataset
-data = TensorDataset(torch.arange(16, dtype=torch.float32))
-seen = [b[0].tolist() for b in DataLoader(data, batch_size=4, num_workers=2)]
-print("LOADER", torch.utils.data.get_worker_info(), seen, flush=True)
+
+if __name__ == "__main__":
+    how = sys.argv[1]
+    if how == "spawn":
+        multiprocessing.set_start_method("spawn")  # workers re-import __main__ from its file
+    data = TensorDataset(torch.arange(16, dtype=torch.float32))
+    seen = [b[0].tolist() for b in DataLoader(data, batch_size=4, num_workers=2)]
+    print("LOADER", how, multiprocessing.get_start_method(), seen, flush=True)
 """
 
 
 @pytest.mark.slow
-def test_a_dataloader_with_workers_runs_the_same_cold_and_warm(tg: TG, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_a_dataloader_with_workers_runs_the_same_cold_and_warm(
+    tg: TG, tmp_path: Path, how: str
+) -> None:
     pytest.importorskip("torch")
     script = tmp_path / "loader.py"
     script.write_text(LOADER)
-    cold, warm = cold_and_warm(tg, "--", sys.executable, str(script), prefix="LOADER")
+    argv = ("--", sys.executable, str(script), how)
+    cold, warm = cold_and_warm(tg, *argv, prefix="LOADER")
     assert cold == warm and len(cold[0]) == 1
-    assert "[0.0, 1.0, 2.0, 3.0]" in cold[0][0]
+    assert cold[0][0].startswith(f"LOADER {how} {how} [[0.0, 1.0, 2.0, 3.0]")

@@ -175,7 +175,7 @@ class LocalBackend:
         for launch in launches[1:]:
             common = {k: v for k, v in common.items() if launch.env.get(k) == v}
         try:
-            self._zygote = await Zygote.start(self._preload, common)
+            self._zygote = await Zygote.start(self._preload, common, distributed=len(launches) > 1)
         except ZygoteError as exc:
             self.warm_start_notes.append(f"warm start off: {exc}")
             return

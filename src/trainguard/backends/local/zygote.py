@@ -40,16 +40,20 @@ from trainguard.backends.local.python_cmd import PythonCommand, parse
 _PR_SET_PDEATHSIG = 1
 
 PRESETS: dict[str, tuple[str, ...]] = {
-    # DDP's constructor imports torch._dynamo (sympy, mpmath: ~1 s) on first use: warm it too.
+    # DDP's constructor imports torch._dynamo (sympy, mpmath: ~1 s) on first use: warm it
+    # too, for a job of several ranks (one rank alone seldom builds DDP: it would pay ~1 s).
     "torch": ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo"),
 }
-"""What a preload name imports; any other name is imported as it is."""
+"""What a preload name imports for a distributed job; any other name is imported as it is."""
 
 
-def expand(modules: Sequence[str]) -> list[str]:
+def expand(modules: Sequence[str], distributed: bool = True) -> list[str]:
+    """The modules to import for `modules`: a preset's whole list for a job of several
+    replicas, its first module alone for a single one."""
     out: list[str] = []
     for name in modules:
-        for mod in PRESETS.get(name, (name,)):
+        preset = PRESETS.get(name, (name,))
+        for mod in preset if distributed else preset[:1]:
             if mod not in out:
                 out.append(mod)
     return out
@@ -312,13 +316,17 @@ class Zygote:
 
     @classmethod
     async def start(
-        cls, modules: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+        cls,
+        modules: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 120.0,
+        distributed: bool = True,
     ) -> Zygote:
-        """Start a zygote importing `modules` in `env` (the replicas' common environment:
-        what a library reads when it is imported is then what the replicas would give it)."""
+        """Start a zygote importing `modules` (see `expand`) in `env` (the replicas' common
+        environment: what a library reads when imported is what the replicas would give it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = "import sys; from trainguard.backends.local.zygote import main; " + (
-            f"main({expand(modules)!r}, {theirs.fileno()})"
+            f"main({expand(modules, distributed)!r}, {theirs.fileno()})"
         )
         # numpy's OpenBLAS starts its worker threads at import; one thread keeps the zygote
         # single-threaded (forkable). Replicas then run numpy's BLAS on one thread; torch's
