@@ -13,18 +13,14 @@ session, killed as a group at --timeout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from recovery import ROOT, STEP_RE, _command, _log_files
+from recovery import STEP_RE, _command, _log_files, launch
 
 TOOLS = ("tg", "tg-cold", "torchrun")
 
@@ -45,23 +41,7 @@ def _args() -> argparse.Namespace:
 def run_once(tool: str, nproc: int, args: argparse.Namespace, work: Path) -> dict[str, object]:
     work.mkdir(parents=True)
     cmd = _command(tool, work, args, crash=False, nproc=nproc)
-    with open(work / "launcher.out", "wb") as out:
-        t0 = time.time()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            rc: int | None = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    t0, rc, _ = launch(cmd, work / "launcher.out", args.timeout)
     first: dict[int, float] = {}  # rank -> t of its first step
     for _, log in _log_files(tool, work):
         for line in log.read_text(errors="replace").splitlines():

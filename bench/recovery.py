@@ -171,14 +171,12 @@ def _tg_records(work: Path) -> list[dict]:
         return []
 
 
-def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int) -> dict:
-    work = tmp / f"{n:02d}-{tool}{'-crash' if crash else '-clean'}"
-    work.mkdir()
-    env = dict(os.environ)
-    if tool == "torchrun-noshare":
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = _command(tool, work, args, crash)
-    with open(work / "launcher.out", "wb") as out:
+def launch(
+    cmd: list[str], out_path: Path, timeout: float, env: dict[str, str] | None = None
+) -> tuple[float, int | None, float]:
+    """Run a launcher in its own session: (start time, exit code or None when it ran past
+    `timeout`, wall seconds). Its whole group is killed after: workers never outlive it."""
+    with open(out_path, "wb") as out:
         t0 = time.time()
         proc = subprocess.Popen(
             cmd,
@@ -190,14 +188,25 @@ def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int
             start_new_session=True,
         )
         try:
-            rc, timed_out = proc.wait(timeout=args.timeout), False
+            rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            rc, timed_out = None, True
+            rc = None
         wall = time.time() - t0
-        with contextlib.suppress(ProcessLookupError):  # workers must not outlive the run
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        if rc is None:
-            proc.wait()
+        proc.wait()
+    return t0, rc, wall
+
+
+def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int) -> dict:
+    work = tmp / f"{n:02d}-{tool}{'-crash' if crash else '-clean'}"
+    work.mkdir()
+    env = dict(os.environ)
+    if tool == "torchrun-noshare":
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    cmd = _command(tool, work, args, crash)
+    t0, rc, wall = launch(cmd, work / "launcher.out", args.timeout, env)
+    timed_out = rc is None
     r = {
         "tool": tool,
         "crash": crash,

@@ -71,8 +71,10 @@ def test_preload_names_expand() -> None:
 
 
 PROBE = """
-import json, os, sys
+import faulthandler, json, multiprocessing, os, resource, signal, sys
 main = sys.modules["__main__"]
+umask = os.umask(0o022)
+os.umask(umask)
 seen = {
     "argv": sys.argv,
     "path0": sys.path[0],
@@ -80,14 +82,24 @@ seen = {
     "main_file": os.path.basename(getattr(main, "__file__", "") or ""),
     "cwd": os.getcwd(),
     "env": os.environ.get("RANK"),
+    "umask": umask,
+    "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+    "signals": {s.name: str(signal.getsignal(s)) for s in (
+        signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGUSR1,
+        signal.SIGUSR2, signal.SIGHUP)},
+    "stdin": (sys.stdin.isatty(), os.read(0, 1)),
+    "faulthandler": faulthandler.is_enabled(),
+    "start_method": multiprocessing.get_start_method(),
+    "session_leader": os.getsid(0) == os.getpid(),
 }
-print("PROBE " + json.dumps(seen), flush=True)
+print("PROBE " + json.dumps(seen, default=repr), flush=True)
 """
 
 
 @pytest.mark.parametrize("how", ["script", "module", "code"])
 def test_a_forked_replica_sees_what_a_cold_one_sees(tg: TG, tmp_path: Path, how: str) -> None:
-    """The same program cold and forked: sys.argv, sys.path[0], __main__, cwd, env."""
+    """The same program cold and forked: sys.argv, sys.path[0], __main__, cwd, env, umask,
+    rlimits, signal dispositions, stdin, faulthandler, multiprocessing start method."""
     (tmp_path / "probe.py").write_text(PROBE)
     program = {
         "script": [str(tmp_path / "probe.py"), "a", "-b"],

@@ -1,7 +1,7 @@
 """The master of one job: the loop that executes the policy's decisions (`loop`, over the
 shared state in `core` and its handlers for attempts, exits, hangs and faults), its inbox
-of replica events, the ledger of what happened, fault injection, checkpoint keeping, the
-replicas' SDK channel, and the runner that wires a job to a backend and a store.
+of replica events, the ledger of what happened, fault injection, checkpoint and snapshot
+keeping, the replicas' SDK channel, and the runner that wires a job to a backend and a store.
 """
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "loop",
     "runner",
     "sdk_channel",
+    "snapshot_keeper",
 ]

@@ -1,6 +1,6 @@
 """The durable record: the store (SQLite or PostgreSQL) and its typed rows, the recorder the
 master writes through, queries and views the readers use, explain, goodput, liveness of
-masters, job control and checkpoint storage.
+masters, job control, checkpoint storage and in-memory snapshots.
 """
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "recorder",
     "rows",
     "schema",
+    "snapshots",
     "store",
     "views",
 ]

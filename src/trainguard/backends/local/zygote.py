@@ -40,9 +40,13 @@ from trainguard.backends.local.python_cmd import PythonCommand, parse
 _PR_SET_PDEATHSIG = 1
 
 PRESETS: dict[str, tuple[str, ...]] = {
-    # DDP's constructor imports torch._dynamo (sympy, mpmath: ~1 s) on first use: warm it
-    # too, for a job of several ranks (one rank alone seldom builds DDP: it would pay ~1 s).
-    "torch": ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo"),
+    # What DDP needs, for a job of several ranks, and the heavy libraries of torch._dynamo,
+    # which DDP's constructor imports lazily (~1.1 s; ~0.7 s with these). Not torch._dynamo
+    # itself: forked from a process that had imported it, gloo DDP ranks deadlock at exit
+    # (14 of 15 runs of 8 ranks; ProcessGroupGloo's destructor joins its worker holding the
+    # GIL, which the worker needs: pytorch/pytorch#56297), never when it is imported after
+    # the fork, nor with these (0 of 10).
+    "torch": ("torch", "torch.distributed", "torch.nn.parallel", "sympy", "torch.fx", "networkx"),
 }
 """What a preload name imports for a distributed job; any other name is imported as it is."""
 
