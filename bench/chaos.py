@@ -3,8 +3,9 @@ schedule of faults, over several seeds, each final model compared bit for bit wi
 fault-free run.
 
 Faults, injected with `trainguard run --inject` at a seeded random time of the running
-attempt: SIGKILL of a rank, SIGSEGV, a hang (SIGSTOP, found by the hang detector), a
-SIGTERM "preemption", and a SIGKILL of the master followed by `trainguard resume`.
+attempt (35-70% of the fault-free run's wall time): SIGKILL of a rank, SIGSEGV, a hang
+(SIGSTOP, found by the hang detector), a SIGTERM "preemption", and a SIGKILL of the
+master followed by `trainguard resume`.
 
 With `--snapshot` the example keeps every step's state in memory (`sdk.snapshot`) and
 resumes from the newest step all ranks hold; it also prints what a snapshot costs. Each
@@ -104,7 +105,9 @@ def main() -> None:
         for fault in faults:
             rows = []
             for seed in range(args.seeds):
-                t = random.Random(f"{fault}-{seed}").uniform(3.5, 6.0)
+                # Within the attempt's run of steps, whatever the start costs: a fault after
+                # the job ended would find nothing to do (and a master fault, nothing to resume).
+                t = random.Random(f"{fault}-{seed}").uniform(0.35, 0.7) * clean_wall
                 rows.append(one_run(work, fault, t, args.snapshot))
             ok = [r for r in rows if r["rc"] == 0 and r["sha"] is not None]
             bad = [r for r in ok if r["sha"] != base]
