@@ -130,7 +130,8 @@ def main() -> None:
         opt.step()
         if args.snapshot:
             t_snap = time.perf_counter()
-            sdk.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step)
+            state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
+            sdk.snapshot(state, step)
             snap_s.append(time.perf_counter() - t_snap)
         step_s.append(time.perf_counter() - t_step)
         print(f"step {step} loss {loss.item():.6f} rank {rank} t={time.time():.6f}", flush=True)
