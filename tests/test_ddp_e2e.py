@@ -77,7 +77,7 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
     assert rec["replica"] == "worker-1" and rec["failure_class"] == "preemption"
     # the restarted ranks resumed from a checkpoint instead of from step 0
     log0 = Path(job["replicas"][0]["log_path"]).read_text()
-    assert "resumed from step" in log0
+    assert "resumed from checkpoint of step" in log0
     assert _same_weights(baseline, tmp_path / "faulty.pt")
     print(f"recovered; restart record phases: { {k: rec[k] for k in rec if k.endswith('_ms')} }")
 
