@@ -16,6 +16,7 @@ LIGHTNING = '''
 """Lightning's own demo model (lightning.pytorch.demos), trained with DDP as its docs show."""
 import hashlib, os
 import lightning as L
+import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 if __name__ == "__main__":
@@ -30,6 +31,10 @@ if __name__ == "__main__":
     weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
     print("LIT", trainer.global_rank, trainer.world_size, trainer.global_step,
           hashlib.sha256(weights).hexdigest()[:16], flush=True)
+    # What PyTorch asks of every script: without it a gloo worker thread can outlive the
+    # interpreter and abort the process at exit ("terminate called without an active
+    # exception"), seen once in a cold run here.
+    torch.distributed.destroy_process_group()
 '''
 
 KERAS = """
