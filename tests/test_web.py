@@ -71,7 +71,7 @@ class Server:
         self.tg = TG(home)
         for name in ("TRAINGUARD_TOKEN", "TRAINGUARD_SERVER"):
             self.tg.env.pop(name, None)
-        flags = ["--token", token] if token else []
+        flags = [f"--token={token}"] if token else []
         self.log = home.parent / f"{home.name}-server.log"
         home.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
@@ -102,7 +102,7 @@ class Server:
             return json.loads(resp.read())
 
     def submit(self, *args: str) -> str:
-        extra = ["--token", self.token] if self.token else []
+        extra = [f"--token={self.token}"] if self.token else []
         res = self.tg("--home", str(self.home), "submit", "--server", self.url, *extra, *args)
         assert res.returncode == 0, res.stderr
         return res.stdout.strip()

@@ -81,8 +81,11 @@ class SdkHandler(Protocol):
 
 
 def new_token() -> str:
-    """A per-job secret for TRAINGUARD_TOKEN."""
-    return secrets.token_urlsafe(_TOKEN_BYTES)
+    """A random secret (a job's TRAINGUARD_TOKEN, a server's token).
+
+    It never starts with "-", so `--token TOKEN` cannot be read as an option.
+    """
+    return "tg" + secrets.token_urlsafe(_TOKEN_BYTES)
 
 
 class _HttpError(Exception):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainguard.errors import SpecError
+from trainguard.master.sdk_channel import new_token
 from trainguard.service.quota import DEFAULT_MAX_REPLICAS, Quota
 from trainguard.spec.models import load_spec_file
 from trainguard.spec.notify_rules import NotifyRule
@@ -88,7 +88,7 @@ def home_token(home: Path, create: bool = False) -> str | None:
         with contextlib.suppress(FileExistsError):  # another server made it first
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
+                f.write(new_token() + "\n")
     try:
         if path.stat().st_mode & 0o077:
             raise SpecError([f"{path}: readable by other users; chmod 600 it (or delete it)"])
