@@ -56,6 +56,7 @@ class FakeBackend:
         self.no_capacity: str | None = None  # rendezvous raises NoCapacity with this
         self.signals: list[tuple[str, int]] = []  # what fault injection sent, in order
         self.closed = False
+        self.exit_on_stop: dict[str, int] = {}  # a replica ending on its own as the stop came
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self.emit = emit
@@ -76,11 +77,22 @@ class FakeBackend:
             self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
 
     def exit(
-        self, replica: str, returncode: int, stop_requested: bool = False, progressed: bool = True
+        self,
+        replica: str,
+        returncode: int,
+        stop_requested: bool = False,
+        progressed: bool = True,
+        log_tail: tuple[str, ...] = (),
     ) -> None:
         """`progressed`: the replica had trained (a crash mid-run, not in start-up)."""
         launch = self.live.pop(replica)
-        ev = ExitEvidence(replica, returncode, stop_requested=stop_requested, progressed=progressed)
+        ev = ExitEvidence(
+            replica,
+            returncode,
+            stop_requested=stop_requested,
+            log_tail=log_tail,
+            progressed=progressed,
+        )
         self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
 
     async def signal(self, replica: str, signum: int) -> bool:
@@ -91,7 +103,7 @@ class FakeBackend:
         self.stops.append(list(replicas))
         for name in replicas:
             if name in self.live:
-                self.exit(name, -15, stop_requested=True)
+                self.exit(name, self.exit_on_stop.get(name, -15), stop_requested=True)
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         return ()

@@ -364,3 +364,32 @@ def test_an_old_traceback_long_before_a_segfault_does_not_explain_it() -> None:
         *(f"step {i} loss 0.1" for i in range(20)),
     )
     assert _classify(-11, log_tail=tail).failure_class is FailureClass.TRANSIENT_EXIT
+
+
+# What rank 1 of a Lightning DDP job printed before it aborted at exit in a CI run, its
+# peer having exited 0 (the gloo-threads-at-exit race of pytorch/pytorch#179291).
+_LIGHTNING_ABORT_AT_EXIT = (
+    "GPU available: False, used: False",
+    "TPU available: False, using: 0 TPU cores",
+    "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2",
+    "`Trainer.fit` stopped: `max_epochs=2` reached.",
+    "weights of rank 1: 0.1234567",
+    "terminate called without an active exception",
+)
+
+
+@pytest.mark.parametrize("returncode", [-6, -11])
+def test_a_bare_crash_after_every_peer_finished_is_a_crash_at_exit(returncode: int) -> None:
+    ev = ExitEvidence("worker-1", returncode, log_tail=_LIGHTNING_ABORT_AT_EXIT, progressed=True)
+    alone = classify_exit(ev)
+    assert "transient-signal" in alone.rule and alone.confidence < 0.7
+    c = classify_exit(ExitEvidence(**{**ev.__dict__, "peers_finished": True}))
+    assert c.failure_class is FailureClass.TRANSIENT_EXIT and c.retryable
+    assert c.rule == f"crash-at-exit-{c.signal}" and c.confidence >= 0.7
+    assert "after every other replica had finished" in c.notes[-1]
+
+
+def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
+    tail = ("RuntimeError: CUDA error: device-side assert triggered", "Aborted (core dumped)")
+    c = classify_exit(ExitEvidence("worker-1", -6, log_tail=tail, peers_finished=True))
+    assert not c.retryable and c.rule != "crash-at-exit-SIGABRT"

@@ -313,3 +313,44 @@ def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
         await m.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_crash_at_exit_after_the_peers_finished_is_retried(tmp_path: Path) -> None:
+    tail = (
+        "`Trainer.fit` stopped: `max_epochs=2` reached.",
+        "weights of rank 1: 0.1234567",
+        "terminate called without an active exception",
+    )
+
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        be.exit_on_stop["worker-0"] = 0
+        be.exit("worker-1", -6, log_tail=tail)
+        await drain(m)
+        # the chief exited 0 while the master stopped it: the crash came at the end
+        assert m.state is JobState.RUNNING and m.attempt == 1
+        (rec,) = store.restarts_of("job-1")
+        assert rec.rule == "crash-at-exit-SIGABRT"
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_the_same_crash_while_a_peer_still_runs_is_a_bare_crash(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, store = make(tmp_path, be, replicas=3)
+        await m.begin()
+        await drain(m)
+        be.exit("worker-2", 0)
+        await drain(m)
+        be.exit("worker-1", -6, log_tail=("terminate called without an active exception",))
+        await drain(m)
+        (rec,) = store.restarts_of("job-1")
+        assert rec.rule == "transient-signal-SIGABRT"  # worker-0 was stopped mid-run
+        await m.shutdown()
+
+    asyncio.run(scenario())

@@ -36,7 +36,7 @@ from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.master.snapshot_keeper import SnapshotKeeper
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.catalogue import Rules
-from trainguard.policy.classes import Classification
+from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.policy.decisions import (
     STARTUP_WINDOW_S,
     Decision,
@@ -256,6 +256,7 @@ class MasterCore:
         time_s: float,
         c: Classification,
         tail: tuple[str, ...] = (),
+        evidence: ExitEvidence | None = None,
     ) -> Failure:
         rep = self.replicas[replica]
         plan = rep.plan
@@ -271,6 +272,7 @@ class MasterCore:
             restart=rep.restarts,
             progress=self._progress(rep, tail),
             uptime_s=None if rep.started_s is None else time_s - rep.started_s,
+            evidence=evidence,
         )
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:

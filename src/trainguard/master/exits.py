@@ -43,6 +43,8 @@ class Exits(MasterCore):
         evidence = ev.evidence
         if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
             evidence = replace(evidence, progressed=True)
+        if rep is not None and self._peers_finished(ev.replica):
+            evidence = replace(evidence, peers_finished=True)
         rules = self.rules() if rep is not None else None
         c = classify_exit(evidence, rules)
         if rep is not None:
@@ -64,7 +66,7 @@ class Exits(MasterCore):
         failure: Failure | None = None
         if c.is_failure:
             tail = ev.evidence.log_tail
-            failure = self._failure_of(ev.replica, ev.attempt, ev.pid, ev.time_s, c, tail)
+            failure = self._failure_of(ev.replica, ev.attempt, ev.pid, ev.time_s, c, tail, evidence)
             self._attempt_failures.append(failure)
         if c.kind is ExitKind.STOP_REQUESTED or not decide:
             return
@@ -103,10 +105,27 @@ class Exits(MasterCore):
         whichever exit is seen first, the earliest non-cascade failure is the cause.
         """
         await self._stop_and_settle()
+        self._seen_after_the_peers_finished(trigger)  # replaces it in the attempt's failures
         root, _ = root_cause(self._attempt_failures)
         if root is trigger:
             return trigger, decision
         return root, self._decide(root)
+
+    def _seen_after_the_peers_finished(self, failure: Failure) -> None:
+        """`failure` classified again when every peer exited 0 while the rest was stopped:
+        the crash came at the end of work they all finished (a crash at exit)."""
+        ev = failure.evidence
+        if ev is None or ev.peers_finished or not self._peers_finished(failure.replica):
+            return
+        c = classify_exit(replace(ev, peers_finished=True), self.rules())
+        if c.rule != failure.classification.rule:
+            again = replace(failure, classification=c)
+            self._attempt_failures = [again if f is failure else f for f in self._attempt_failures]
+
+    def _peers_finished(self, replica: str) -> bool:
+        """Every other replica of the attempt exited 0 (there is at least one)."""
+        peers = [r for n, r in self.replicas.items() if n != replica]
+        return bool(peers) and all(r.state is ReplicaState.SUCCEEDED for r in peers)
 
     def _all_done(self) -> bool:
         """Every replica succeeded, or was given up."""

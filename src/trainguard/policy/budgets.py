@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from math import isqrt
 from typing import Literal, Self, TypeVar, cast
 
-from trainguard.policy.classes import Classification
+from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.spec.limits import UNLIMITED
 
 Limit = int | Literal["unlimited"]
@@ -35,6 +35,7 @@ class Failure:
     restart: int = 0  # the replica's restarts alone within the attempt (async mode)
     progress: int | None = None  # the step the replica had reached; None: none known
     uptime_s: float | None = None  # how long the replica had run when it failed
+    evidence: ExitEvidence | None = None  # what it was classified from (None: a hang)
 
     @property
     def same_error_key(self) -> str:

@@ -58,6 +58,7 @@ class ExitEvidence:
     oom_kills: int = 0  # new kernel OOM kills seen in our cgroup while it ran
     node_lost: str | None = None  # the node under it died: what the backend was told
     progressed: bool | None = None  # it showed training progress (None: the log must tell)
+    peers_finished: bool = False  # every other replica of its attempt had exited 0 before it
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 4. the catalogue (signatures.yaml), first on the exception that closes the last
    traceback, then on the lines from that traceback on (the whole tail if none),
    newest first. A death by signal is not explained by a bug the log mentions;
-5. the exit code: SIGSEGV/SIGABRT are transient, SIGKILL/SIGTERM from outside are
+5. the exit code: SIGSEGV/SIGABRT are transient (surely so at exit, once every other
+   replica exited 0), SIGKILL/SIGTERM from outside are
    preemption, anything else is a user error (a traceback names it);
 6. where the rules are unsure (confidence under 0.7), a small learned model of real
    logs reads the tail as a second opinion; a retry it grants is granted once.

@@ -142,6 +142,22 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 cause,
                 notes=(*notes, f"{sig_name} follows a deterministic cause in the log"),
             )
+        if ev.peers_finished:
+            # pytorch/pytorch#179291: gloo or NCCL threads still running while the
+            # interpreter shuts down; the training itself ran to its end on every rank
+            return Verdict(
+                FailureClass.TRANSIENT_EXIT,
+                True,
+                f"crash-at-exit-{sig_name}",
+                str(sig_name),
+                0.8,
+                notes=(
+                    *notes,
+                    f"{sig_name} with no cause in the log after every other replica had "
+                    "finished: a crash at exit (native threads still running), not a bug of "
+                    "the training",
+                ),
+            )
         trained = phase is Phase.TRAINING
         return Verdict(
             FailureClass.TRANSIENT_EXIT,
