@@ -28,7 +28,7 @@ def test_a_step_is_usable_once_every_rank_holds_it(tmp_path: Path) -> None:
     write(tmp_path, 1, 2, 0, 2, b"caught up")
     assert newest_complete(tmp_path, 2) == 2
     found = load(step_dir(tmp_path, 2), 1)
-    assert found is not None and (found[0].step, found[1]) == (2, b"caught up")
+    assert found is not None and (found[0].step, bytes(found[1])) == (2, b"caught up")
     assert newest_complete(tmp_path, 3) is None  # a world of 3 never had rank 2
 
 
@@ -145,3 +145,74 @@ def test_a_dead_masters_snapshots_are_swept(
     assert live == tmp_path / "trainguard-new" and live.is_dir()
     assert not dead.exists() and other.exists()
     assert (live / snapshots.OWNER).read_text() == str(os.getpid())
+
+
+def _pickled(value: object) -> list[tuple[int, snapshots.Copy]]:
+    data = pickle.dumps(value)
+
+    def fill(view: memoryview) -> None:
+        view[:] = data
+
+    return [(len(data), fill)]
+
+
+def test_a_rank_rewrites_its_oldest_file_in_place(tmp_path: Path) -> None:
+    w = snapshots.Writer(tmp_path, 0)
+    inodes = {}
+    for step in range(1, 10):
+        path = w.write(1, 0, step, _pickled({"step": step}))
+        w.wait()
+        inodes[step] = path.stat().st_ino
+    assert snapshots.steps(tmp_path) == [9, 8, 7]
+    assert inodes[9] == inodes[6] == inodes[3]  # the same memory, step after step
+    found = load(step_dir(tmp_path, 9), 0)
+    assert found is not None and pickle.loads(found[1]) == {"step": 9}
+    assert newest_complete(tmp_path, 1) == 9
+    w.close()
+
+
+def test_a_rank_that_dies_while_copying_leaves_nothing_to_take(tmp_path: Path) -> None:
+    w = snapshots.Writer(tmp_path, 0)
+    for step in (1, 2, 3):
+        w.write(1, 0, step, _pickled(step))
+    w.wait()
+
+    def dies(view: memoryview) -> None:
+        view[:10] = b"x" * 10
+        raise SystemExit("killed mid-copy")
+
+    with pytest.raises(SystemExit):
+        w.write(1, 0, 4, [(100, dies)])  # reuses step 1's file: it was marked invalid first
+    assert read(step_dir(tmp_path, 4) / "rank_0.snap") is None
+    assert newest_complete(tmp_path, 1) == 3
+    w.close()
+
+
+def test_a_step_the_master_copies_is_never_rewritten(tmp_path: Path) -> None:
+    """The keeper hard-links a due step's files: later steps must not write into them."""
+    w = snapshots.Writer(tmp_path, 0)
+    w.write(1, 0, 1, _pickled("due"), reusable=False)
+    w.wait()
+    stage = tmp_path.parent / f"{tmp_path.name}-stage"
+    stage.mkdir()
+    os.link(step_dir(tmp_path, 1) / "rank_0.snap", stage / "rank_0.snap")
+    w.write(1, 0, 2, _pickled("linked later"))  # reusable, but linked: left alone
+    w.wait()
+    os.link(step_dir(tmp_path, 2) / "rank_0.snap", stage / "late.snap")
+    for step in range(3, 9):
+        w.write(1, 0, step, _pickled(step))
+    w.close()
+    kept = read(stage / "rank_0.snap")
+    assert kept is not None and pickle.loads(kept[1]) == "due"
+    late = read(stage / "late.snap")
+    assert late is not None and pickle.loads(late[1]) == "linked later"
+    assert snapshots.steps(tmp_path) == [8, 7, 6]
+
+
+def test_a_state_that_grows_gets_a_larger_file(tmp_path: Path) -> None:
+    w = snapshots.Writer(tmp_path, 0)
+    for step, size in enumerate((10, 10, 10, 100_000, 10), start=1):
+        w.write(1, 0, step, _pickled(b"x" * size))
+    w.close()
+    found = load(step_dir(tmp_path, 4), 0)
+    assert found is not None and pickle.loads(found[1]) == b"x" * 100_000

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import IO, ParamSpec, TypeVar
 
+    from trainguard.records.snapshots import Writer
+
     P = ParamSpec("P")
     R = TypeVar("R")
 
@@ -267,14 +269,31 @@ def snapshot(state: object, step: int) -> None:
     if not root:
         _warn_outside()
         return
+    from trainguard.records import snapshot_state, snapshots
+
+    form, skeleton, parts = snapshot_state.parts(state)
+    due = snapshots.due(step, _int_env(ENV_SNAPSHOT_PERSIST_EVERY, 0))
+    writer = _snapshot_writer(Path(root))
+    writer.write(_world(), _int_env(ENV_ATTEMPT, 0), step, parts, form, skeleton, not due)
+    if due:
+        # Only the steps the master copies: a message each step would cost a step's few %.
+        writer.wait()  # the master reads the files it is told of
+        _post("/v1/snapshot", {"step": step, "world": _world()})
+
+
+_writer: Writer | None = None  # this process's, made at its first snapshot
+
+
+def _snapshot_writer(root: Path) -> Writer:
+    global _writer
     from trainguard.records import snapshots
 
-    form, payload = _serialise(state)
-    attempt = _int_env(ENV_ATTEMPT, 0)
-    snapshots.write(Path(root), _rank(), _world(), attempt, step, payload, form)
-    if snapshots.due(step, _int_env(ENV_SNAPSHOT_PERSIST_EVERY, 0)):
-        # Only the steps the master copies: a message each step would cost a step's few %.
-        _post("/v1/snapshot", {"step": step, "world": _world()})
+    with _lock:
+        if _writer is None or (_writer.root, _writer.rank) != (root, _rank()):
+            if _writer is not None:
+                _writer.close()
+            _writer = snapshots.Writer(root, _rank())
+        return _writer
 
 
 def load_snapshot(folder: str | None = None) -> tuple[int, object] | None:
@@ -285,38 +304,13 @@ def load_snapshot(folder: str | None = None) -> tuple[int, object] | None:
     where = folder if folder is not None else get_checkpoint()
     if where is None:
         return None
-    from trainguard.records import snapshots
+    from trainguard.records import snapshot_state, snapshots
 
     found = snapshots.load(Path(where), _rank())
     if found is None:
         return None
     header, payload = found
-    return header.step, _deserialise(header.format, payload)
-
-
-def _serialise(state: object) -> tuple[str, bytes | memoryview]:
-    """torch.save where torch is loaded (twice as fast as pickle on tensors), else pickle."""
-    import io
-
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import pickle
-
-        return "pickle", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return "torch", buf.getbuffer()
-
-
-def _deserialise(form: str, payload: bytes) -> object:
-    import io
-    import pickle
-
-    if form == "torch":
-        import torch
-
-        return torch.load(io.BytesIO(payload), weights_only=False)
-    return pickle.loads(payload)
+    return header.step, snapshot_state.state_of(header.format, header.skeleton, payload)
 
 
 def mark_checkpoint_bad(path: str) -> None:
@@ -461,19 +455,22 @@ def _register_faulthandler() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (e.g. a data loader worker) must not share the parent's socket or lock."""
-    global _lock
+    global _lock, _writer
     _lock = threading.Lock()
+    _writer = None  # the parent's files: its to write
     if _client is not None:
         _client.close()
 
 
 def _reset_for_tests() -> None:
     """Forget the connection, the environment read, the warnings given and the scopes."""
-    global _client, _configured
+    global _client, _configured, _writer
     with _lock:
         if _client is not None:
             _client.close()
-        _client, _configured = None, False
+        if _writer is not None:
+            _writer.close()
+        _client, _configured, _writer = None, False, None
         _warned.clear()
         _scopes.clear()
 

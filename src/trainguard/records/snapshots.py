@@ -7,14 +7,14 @@ writes and reads them inside the training process.
 
 `root` is a folder in /dev/shm (memory, not disk) that the master makes for the job and
 removes when it ends: a snapshot outlives the replica that wrote it, not the master. Each
-file is a header line (step, rank, world size, attempt, format, size, CRC-32) and the
-serialised state, written under a hidden name and renamed into place, so a reader sees a
-whole file or none; the size and checksum catch the rest (a CRC, not a digest: it runs in
-the training step, at 4 GB/s where SHA-256 does 1; the folder is the job user's alone, and
-the durable copies carry SHA-256 as every checkpoint does). A step is usable when every
-rank's file for it is there, verifies, and was written in the same attempt (a rank that
-died mid-step leaves a file its peers never matched). Each rank keeps its last `KEEP`
-steps and removes older ones.
+file is a header block (magic; step, rank, world size, attempt, format, size, CRC-32) and
+the state. The header is written last, after the CRC of what was copied, so a reader sees
+a whole snapshot or none, and the size and checksum catch the rest: a file rewritten under
+a reader, a torn one (a CRC, not a digest: 4 GB/s where SHA-256 does 1, and the folder is
+the job user's alone; the durable copies carry SHA-256 as every checkpoint does). A step
+is usable when every rank's file for it is there, verifies, and was written in the same
+attempt (a rank that died mid-step leaves a file its peers never matched). Each rank keeps
+its last `KEEP` steps, and rewrites the oldest in place for the next (`Writer`).
 
 The master copies every N-th complete step into the job's durable checkpoint storage
 (`persist`), as an ordinary checkpoint whose files are these; `load` reads either.
@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import re
 import shutil
 import tempfile
+import threading
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-MAGIC = b"trainguard-snapshot 1\n"
+MAGIC = b"trainguard-snapshot 2\n"
+HEADER_BYTES = 4096
+"""The magic and the header line, padded: the payload starts on a page of its own."""
+ALIGN = 64
+"""Each part of the payload starts on a multiple of this (a cache line; any dtype)."""
 KEEP = 3
 """Steps each rank keeps: a rank may be one step ahead of a peer that died mid-step."""
 _STEP = re.compile(r"^step_(\d{12})$")
@@ -51,9 +58,10 @@ class Header:
     rank: int
     world: int
     attempt: int
-    format: str  # how the state was serialised: "pickle", or "torch" (torch.save)
-    size: int
+    format: str  # how the state was serialised: "pickle", or "tensors" (the SDK's)
+    size: int  # of the payload, after the header block
     crc32: int
+    skeleton: int = 0  # bytes of pickle before the tensors' data ("tensors")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -94,6 +102,161 @@ def sweep(base: Path) -> None:
                 continue  # not ours to judge (another user's, or being made right now)
 
 
+Copy = Callable[[memoryview], None]
+"""Fills the view it is given (exactly its part's bytes) with that part of the state."""
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class _Slot:
+    path: Path
+    fd: int
+    mm: mmap.mmap
+    reusable: bool  # False once the master may hold a hard link to it (a step it copies)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError, ValueError):
+            self.mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class Writer:
+    """One rank's snapshot files, written step after step into memory that is reused.
+
+    A new file costs a page fault per 4 KiB (7 ms for 17 MB here); rewriting one of this
+    rank's last KEEP files in place costs the copy alone (1.5 ms). The file is marked
+    invalid first, renamed to its new step, filled, and committed by a thread that
+    computes its CRC and writes the header last, while training goes on: a rank killed
+    before the commit leaves a step its peers cannot use, so the step before is offered.
+    A file the master may have hard-linked (a step it copies to durable storage) is
+    never rewritten.
+    """
+
+    def __init__(self, root: Path, rank: int) -> None:
+        self.root, self.rank = root, rank
+        self._slots: dict[int, _Slot] = {}  # step -> file, oldest first
+        self._pending: threading.Thread | None = None
+
+    def write(
+        self,
+        world: int,
+        attempt: int,
+        step: int,
+        parts: Sequence[tuple[int, Copy]],
+        form: str = "pickle",
+        skeleton: int = 0,
+        reusable: bool = True,
+    ) -> Path:
+        """Store `parts` (sizes and how to fill them) as this rank's state for `step`; the
+        header is committed in the background (`wait` for it)."""
+        self.wait()
+        offsets, size = [], 0
+        for n, _ in parts:
+            size = _aligned(size)
+            offsets.append(size)
+            size += n
+        slot = self._slot_for(step, HEADER_BYTES + size, reusable)
+        view = memoryview(slot.mm)
+        for (n, fill), off in zip(parts, offsets, strict=True):
+            if n:
+                fill(view[HEADER_BYTES + off : HEADER_BYTES + off + n])
+        header = Header(step, self.rank, world, attempt, form, size, 0, skeleton)
+        self._pending = threading.Thread(
+            target=_commit, args=(view, header), name="trainguard-snapshot", daemon=False
+        )
+        self._pending.start()
+        self._drop_old()
+        return slot.path
+
+    def wait(self) -> None:
+        """Until the last step written is committed (or found torn by its reader)."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def close(self) -> None:
+        self.wait()
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
+
+    def _slot_for(self, step: int, nbytes: int, reusable: bool) -> _Slot:
+        target = step_dir(self.root, step) / rank_file(self.rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        old = self._slots.pop(step, None)
+        if old is None and len(self._slots) >= KEEP:
+            old = self._slots.pop(next(iter(self._slots)))
+        if old is not None and old.reusable and _links(old.fd) == 1:
+            old.mm[: len(MAGIC)] = bytes(len(MAGIC))  # no reader takes it from here on
+            try:
+                if old.path != target:
+                    os.replace(old.path, target)
+                    _rmdir(old.path.parent)
+                if old.mm.size() < nbytes:  # the state grew
+                    old.mm.close()
+                    os.ftruncate(old.fd, nbytes)
+                    old.mm = mmap.mmap(old.fd, nbytes)
+                self._slots[step] = _Slot(target, old.fd, old.mm, reusable)
+                return self._slots[step]
+            except (OSError, BufferError):  # its folder went, or a view of it is alive
+                pass
+        if old is not None:
+            old.close()
+            if old.path != target:
+                _unlink(old.path)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".rank_{self.rank}.")
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes)
+            os.replace(tmp, target)  # a new inode: a hard link to the old name keeps the old
+        except BaseException:
+            os.close(fd)
+            _unlink(Path(tmp))
+            raise
+        self._slots[step] = _Slot(target, fd, mm, reusable)
+        return self._slots[step]
+
+    def _drop_old(self) -> None:
+        """Files this rank left beyond its last KEEP steps (an earlier process's too)."""
+        mine = {s.path for s in self._slots.values()}
+        for old in steps(self.root)[KEEP:]:
+            path = step_dir(self.root, old) / rank_file(self.rank)
+            if path not in mine:
+                _unlink(path)
+                _rmdir(path.parent)  # the last rank out removes the folder
+
+
+def _commit(view: memoryview, header: Header) -> None:
+    """The CRC of what was copied, then the header, then the magic that makes it valid."""
+    payload = view[HEADER_BYTES : HEADER_BYTES + header.size]
+    done = replace(header, crc32=zlib.crc32(payload))
+    line = json.dumps(done.__dict__).encode() + b"\n"
+    block = line.ljust(HEADER_BYTES - len(MAGIC), b" ")
+    view[len(MAGIC) : HEADER_BYTES] = block
+    view[: len(MAGIC)] = MAGIC
+
+
+def _links(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_nlink
+    except OSError:
+        return 0
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _rmdir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def write(
     root: Path,
     rank: int,
@@ -103,39 +266,31 @@ def write(
     payload: bytes | memoryview,
     form: str = "pickle",
 ) -> Path:
-    """Store one rank's state for `step`; drop this rank's steps older than the last KEEP."""
-    folder = step_dir(root, step)
-    folder.mkdir(parents=True, exist_ok=True)
-    header = Header(step, rank, world, attempt, form, len(payload), zlib.crc32(payload))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".rank_{rank}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(MAGIC)
-        fh.write(json.dumps(header.__dict__).encode() + b"\n")
-        fh.write(payload)
-    target = folder / rank_file(rank)
-    os.replace(tmp, target)
-    for old in steps(root)[KEEP:]:
-        with contextlib.suppress(OSError):
-            (step_dir(root, old) / rank_file(rank)).unlink()
-        with contextlib.suppress(OSError):
-            step_dir(root, old).rmdir()  # the last rank out removes the folder
-    return target
+    """Store one rank's serialised state for `step`, committed when this returns."""
+    writer = Writer(root, rank)
+
+    def fill(view: memoryview) -> None:
+        view[:] = payload
+
+    try:
+        return writer.write(world, attempt, step, [(len(payload), fill)], form, len(payload))
+    finally:
+        writer.close()
 
 
-def read(path: Path) -> tuple[Header, bytes] | None:
-    """The header and state in one snapshot file; None if it is missing, torn or altered."""
+def read(path: Path) -> tuple[Header, bytearray] | None:
+    """The header and payload of one snapshot file; None if missing, torn or altered."""
     try:
-        data = path.read_bytes()
-    except OSError:
+        with open(path, "rb") as fh:
+            head = fh.read(HEADER_BYTES)
+            if len(head) != HEADER_BYTES or not head.startswith(MAGIC):
+                return None
+            header = Header(**json.loads(head[len(MAGIC) :].partition(b"\n")[0]))
+            payload = bytearray(header.size)
+            got = fh.readinto(payload)
+    except (OSError, ValueError, TypeError, OverflowError, MemoryError):
         return None
-    if not data.startswith(MAGIC):
-        return None
-    line, sep, payload = data[len(MAGIC) :].partition(b"\n")
-    try:
-        header = Header(**json.loads(line))
-    except (ValueError, TypeError):
-        return None
-    if not sep or len(payload) != header.size or zlib.crc32(payload) != header.crc32:
+    if got != header.size or zlib.crc32(payload) != header.crc32:
         return None
     return header, payload
 
@@ -191,7 +346,7 @@ def persist(root: Path, step: int, world: int, stage: Path) -> Path | None:
     return stage
 
 
-def load(folder: Path, rank: int) -> tuple[Header, bytes] | None:
+def load(folder: Path, rank: int) -> tuple[Header, bytearray] | None:
     """This rank's header and state from a snapshot folder (in memory or a durable copy)."""
     found = read(folder / rank_file(rank))
     if found is None or found[0].rank != rank:
