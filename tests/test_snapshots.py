@@ -216,3 +216,13 @@ def test_a_state_that_grows_gets_a_larger_file(tmp_path: Path) -> None:
     w.close()
     found = load(step_dir(tmp_path, 4), 0)
     assert found is not None and pickle.loads(found[1]) == b"x" * 100_000
+
+
+def test_a_large_state_is_committed_in_the_background(tmp_path: Path) -> None:
+    w = snapshots.Writer(tmp_path, 0)
+    big = os.urandom(snapshots.INLINE_COMMIT + 1)
+    w.write(1, 0, 1, _pickled(big))
+    w.wait()  # the CRC and the header came from the thread
+    found = load(step_dir(tmp_path, 1), 0)
+    assert found is not None and pickle.loads(found[1]) == big
+    w.close()

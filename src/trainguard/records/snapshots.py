@@ -40,6 +40,8 @@ HEADER_BYTES = 4096
 """The magic and the header line, padded: the payload starts on a page of its own."""
 ALIGN = 64
 """Each part of the payload starts on a multiple of this (a cache line; any dtype)."""
+INLINE_COMMIT = 1 << 20
+"""Below this many bytes the CRC takes less than starting a thread to compute it."""
 KEEP = 3
 """Steps each rank keeps: a rank may be one step ahead of a peer that died mid-step."""
 _STEP = re.compile(r"^step_(\d{12})$")
@@ -165,10 +167,13 @@ class Writer:
             if n:
                 fill(view[HEADER_BYTES + off : HEADER_BYTES + off + n])
         header = Header(step, self.rank, world, attempt, form, size, 0, skeleton)
-        self._pending = threading.Thread(
-            target=_commit, args=(view, header), name="trainguard-snapshot", daemon=False
-        )
-        self._pending.start()
+        if size < INLINE_COMMIT:
+            _commit(view, header)
+        else:
+            self._pending = threading.Thread(
+                target=_commit, args=(view, header), name="trainguard-snapshot", daemon=False
+            )
+            self._pending.start()
         self._drop_old()
         return slot.path
 
