@@ -1,6 +1,7 @@
 """The durable record: the store (SQLite or PostgreSQL) and its typed rows, the recorder the
 master writes through, queries and views the readers use, explain, goodput, liveness of
-masters, job control, checkpoint storage and in-memory snapshots.
+masters, job control, checkpoint storage, and in-memory snapshots (their files and the
+training states in them).
 """
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "recorder",
     "rows",
     "schema",
+    "snapshot_state",
     "snapshots",
     "store",
     "views",
