@@ -25,9 +25,8 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.oom import oom_kill_count
-from trainguard.backends.local.preload_plan import AUTO, resolve
-from trainguard.backends.local.python_cmd import parse, startup_env_differs
-from trainguard.backends.local.zygote import Zygote, ZygoteError
+from trainguard.backends.local.warm_start import WarmStart
+from trainguard.backends.local.zygote import ZygoteError
 from trainguard.backends.net import free_port
 from trainguard.backends.output import RunOutput
 from trainguard.hangs.snapshot import snapshot_all
@@ -122,13 +121,13 @@ class LocalBackend:
         self._guardian: Guardian | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_output_s = 0.0
-        self._preload = tuple(preload)
-        self._zygote: Zygote | None = None
+        self._warm = WarmStart(preload)
         self._forked: dict[int, _Run] = {}
         self._early_exits: dict[int, int] = {}
-        self.warm_start_notes: list[str] = []  # what the warm start did, why one starts cold
-        self._cold_said: set[tuple[str, str]] = set()  # replicas whose cold start the note explains
-        self._planned = False  # the zygote was considered (once, at the first start)
+
+    @property
+    def warm_start_notes(self) -> Sequence[str]:
+        return self._warm.notes
 
     def last_output_s(self) -> float:
         """When any replica last printed anything (0 if none has yet)."""
@@ -145,70 +144,22 @@ class LocalBackend:
     async def start(self, launches: Sequence[Launch]) -> None:
         if self._guardian is None:
             self._guardian = Guardian()
-        if not self._planned and launches:
-            self._planned = True
-            await self._plan_warm_start(launches)
+        await self._warm.plan(launches, self._forked_exit)
         loop = asyncio.get_running_loop()
         for launch in launches:
-            why = self._why_cold(launch)
-            if why is None:
+            if self._warm.why_cold(launch) is None:
                 await self._spawn_forked(loop, launch)
-                continue
-            if self._zygote is not None:
-                self._cold(launch.replica, why)
-            await self._spawn(loop, launch)
-
-    async def _plan_warm_start(self, launches: Sequence[Launch]) -> None:
-        """Start the zygote for the first launches, importing what `preload` names (`auto`:
-        what the first replica's program needs). Nothing to preload is said nowhere: the
-        replicas simply start the ordinary way."""
-        first = launches[0]
-        if AUTO in self._preload:
-            self._preload = tuple(
-                await asyncio.to_thread(
-                    resolve, self._preload, first.argv, first.cwd, first.env.get("PATH")
-                )
-            )
-        if not self._preload:
-            return
-        common = dict(first.env)
-        for launch in launches[1:]:
-            common = {k: v for k, v in common.items() if launch.env.get(k) == v}
-        try:
-            self._zygote = await Zygote.start(self._preload, common, distributed=len(launches) > 1)
-        except ZygoteError as exc:
-            self.warm_start_notes.append(f"warm start off: {exc}")
-            return
-        self._zygote.on_exit = self._forked_exit
-        self.warm_start_notes.append(
-            f"warm start: {', '.join(self._preload)} imported once in "
-            f"{self._zygote.import_s:.2f} s; replicas fork from it"
-        )
-
-    def _why_cold(self, launch: Launch) -> str | None:
-        """Why this replica cannot fork from the zygote, or None when it can."""
-        if self._zygote is None:
-            return "no preload process"
-        if not self._zygote.alive:
-            return "the preload process is gone"
-        cmd = parse(launch.argv, launch.env.get("PATH"))
-        if isinstance(cmd, str):
-            return cmd
-        return startup_env_differs(self._zygote.env, launch.env)
-
-    def _cold(self, replica: str, why: str) -> None:
-        """Say (once per replica and reason) why a replica does not fork."""
-        if (replica, why) not in self._cold_said:
-            self._cold_said.add((replica, why))
-            self.warm_start_notes.append(f"{replica} starts cold: {why}")
+            else:
+                await self._spawn(loop, launch)
 
     async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
-        assert self._zygote is not None
+        zygote = self._warm.zygote
+        assert zygote is not None
         run = _Run(launch, self._tee, self._on_output)
         run.forked = True
         r, w = os.pipe()
         try:
-            run.pid = await self._zygote.spawn(launch.argv, launch.env, launch.cwd, w)
+            run.pid = await zygote.spawn(launch.argv, launch.env, launch.cwd, w)
         except ZygoteError:
             os.close(r)
             run.output.close()
@@ -410,9 +361,7 @@ class LocalBackend:
         await self.stop(list(self._runs), grace_s=5.0)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
-        if self._zygote is not None:
-            await self._zygote.close()
-            self._zygote = None
+        await self._warm.close()
         if self._guardian is not None:
             self._guardian.close()
             self._guardian = None

@@ -24,17 +24,20 @@ from trainguard.backends.local.python_cmd import PythonCommand, parse
 _PR_SET_PDEATHSIG = 1
 
 
-def _prctl_die_with_parent() -> None:
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], fd: int) -> None:
+def become_replica(
+    sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], fd: int
+) -> None:
     """In the forked child: become the replica. Never returns."""
     code = 1
     try:
         os.setsid()
-        _prctl_die_with_parent()
+        die_with_parent()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainguard.backends.local.replica_init import _child, _prctl_die_with_parent
+from trainguard.backends.local.replica_init import become_replica, die_with_parent
 
 PRESETS: dict[str, tuple[str, ...]] = {
     # What DDP needs, for a job of several ranks, and the heavy libraries of torch._dynamo,
@@ -80,7 +80,7 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
 
 def main(modules: Sequence[str], fd: int) -> None:
     """The zygote's loop: import, report, then fork on request and report exits."""
-    _prctl_die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the master's to handle
     sock = socket.socket(fileno=fd)
     t0 = time.monotonic()
@@ -124,7 +124,7 @@ def main(modules: Sequence[str], fd: int) -> None:
                 out_fd = received.pop(0)
                 pid = os.fork()
                 if pid == 0:
-                    _child(sock, wake_r, wake_w, req, out_fd)
+                    become_replica(sock, wake_r, wake_w, req, out_fd)
                 os.close(out_fd)
                 _send(sock, {"id": req["id"], "pid": pid})
         _reap(sock)
