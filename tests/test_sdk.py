@@ -166,7 +166,7 @@ def test_master_down_warns_once_and_never_raises(monkeypatch: pytest.MonkeyPatch
             sdk.heartbeat(2)
         sdk.set_retryable_errors(["x"])
         sdk.send_custom_message("hi")
-    assert time.monotonic() - started < sdk._TIMEOUT_S
+    assert time.monotonic() - started < sdk.channel._TIMEOUT_S
     assert len(texts) == 1 and "unreachable" in texts[0]
 
 
@@ -176,7 +176,7 @@ def test_state_lost_while_master_down_is_sent_when_it_answers(
     """Heartbeats are dropped while the master is away (and for a short quiet spell after),
     but the scope in force and the retryable patterns reach it once it answers again."""
     quiet_s = 0.2
-    monkeypatch.setattr(sdk, "_RETRY_AFTER_S", quiet_s)
+    monkeypatch.setattr(sdk.channel, "_RETRY_AFTER_S", quiet_s)
     port, token, recorder = free_port(), new_token(), Recorder()
     point_sdk_at(monkeypatch, f"http://127.0.0.1:{port}", token)
     with sdk_warnings() as texts, sdk.hang_detect(-1):
