@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-from recovery import STEP_RE, _command, _log_files, launch
+from recovery import STEP_RE, chosen_tools, command, launch, log_files, scratch
 
 TOOLS = ("tg", "tg-cold", "torchrun")
 
@@ -33,17 +31,17 @@ def _args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0, help="per-run limit, seconds")
     p.add_argument("--keep", action="store_true", help="keep the temporary directories")
     args = p.parse_args()
-    # What recovery._command reads: a short job, no checkpoint to speak of, no fault.
+    # What recovery.command reads: a short job, no checkpoint to speak of, no fault.
     args.steps, args.ckpt_every, args.step_time = 3, 1000, 0.0
     return args
 
 
 def run_once(tool: str, nproc: int, args: argparse.Namespace, work: Path) -> dict[str, object]:
     work.mkdir(parents=True)
-    cmd = _command(tool, work, args, crash=False, nproc=nproc)
+    cmd = command(tool, work, args, crash=False, nproc=nproc)
     t0, rc, _ = launch(cmd, work / "launcher.out", args.timeout)
     first: dict[int, float] = {}  # rank -> t of its first step
-    for _, log in _log_files(tool, work):
+    for _, log in log_files(tool, work):
         for line in log.read_text(errors="replace").splitlines():
             if (m := STEP_RE.match(line)) and int(m.group(1)) == 1:
                 first.setdefault(int(m.group(2)), float(m.group(3)))
@@ -53,14 +51,11 @@ def run_once(tool: str, nproc: int, args: argparse.Namespace, work: Path) -> dic
 
 def main() -> int:
     args = _args()
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    if bad := [t for t in tools if t not in TOOLS]:
-        sys.exit(f"unknown tool(s) {bad}; choose from {TOOLS}")
+    tools = chosen_tools(args.tools, TOOLS)
     sizes = [int(n) for n in args.ranks.split(",") if n.strip()]
-    tmp = Path(tempfile.mkdtemp(prefix="tg-cold-"))
     print(f"{os.cpu_count()} cores, ranks {sizes}, runs {args.runs}, tools {tools}", flush=True)
     results: list[dict[str, object]] = []
-    try:
+    with scratch("tg-cold-", args.keep) as tmp:
         for i in range(args.runs):
             for nproc in sizes:
                 for tool in tools:
@@ -94,11 +89,6 @@ def main() -> int:
                         f"ranks {nproc:3} ratio {ours}/torchrun of medians: "
                         f"{meds[ours] / meds['torchrun']:.2f}"
                     )
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

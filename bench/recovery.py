@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _command(
+def command(
     tool: str, work: Path, args: argparse.Namespace, crash: bool, nproc: int = 2
 ) -> list[str]:
     job = [
@@ -114,7 +115,7 @@ def _command(
     ]
 
 
-def _log_files(tool: str, work: Path) -> list[tuple[int, Path]]:
+def log_files(tool: str, work: Path) -> list[tuple[int, Path]]:
     """(attempt, file) for every replica log: trainguard's jobs/<id>/attempt-<n>/worker-<i>.log,
     torchrun's (and ft_launcher's) <run>/attempt_<n>/<local_rank>/{stdout,stderr}.log."""
     base = work / "tg" / "jobs" if tool.startswith("tg") else work / "logs"
@@ -129,7 +130,7 @@ def _parse(tool: str, work: Path) -> dict:
     steps: list[tuple[int, int, float]] = []  # (attempt, step, t)
     fault_t = sha = None
     attempts = set()
-    for attempt, f in _log_files(tool, work):
+    for attempt, f in log_files(tool, work):
         attempts.add(attempt)
         for line in f.read_text(errors="replace").splitlines():
             if m := STEP_RE.match(line):
@@ -204,7 +205,7 @@ def run_once(tool: str, args: argparse.Namespace, crash: bool, tmp: Path, n: int
     env = dict(os.environ)
     if tool == "torchrun-noshare":
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = _command(tool, work, args, crash)
+    cmd = command(tool, work, args, crash)
     t0, rc, wall = launch(cmd, work / "launcher.out", args.timeout, env)
     timed_out = rc is None
     r = {
@@ -295,19 +296,16 @@ def report(results: list[dict], baseline: str | None, tools: list[str], n: int) 
 
 def main() -> int:
     args = _args()
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    if bad := [t for t in tools if t not in TOOLS]:
-        sys.exit(f"unknown tool(s) {bad}; choose from {TOOLS}")
-    tmp = Path(tempfile.mkdtemp(prefix="tg-bench-"))
+    tools = chosen_tools(args.tools)
     results: list[dict] = []
     n = 0
-    print(
-        f"steps {args.steps}, crash at {args.crash_at_step}, ckpt every {args.ckpt_every}, "
-        f"step time {args.step_time}, runs {args.runs}, timeout {args.timeout:.0f} s, "
-        f"work dir {tmp}",
-        flush=True,
-    )
-    try:
+    with scratch("tg-bench-", args.keep) as tmp:
+        print(
+            f"steps {args.steps}, crash at {args.crash_at_step}, ckpt every {args.ckpt_every}, "
+            f"step time {args.step_time}, runs {args.runs}, timeout {args.timeout:.0f} s, "
+            f"work dir {tmp}",
+            flush=True,
+        )
         for tool in tools:  # uninterrupted baselines, one per tool
             n += 1
             r = run_once(tool, args, False, tmp, n)
@@ -348,12 +346,28 @@ def main() -> int:
                 )
             )
             print(f"raw results: {args.json}")
+    return 0
+
+
+def chosen_tools(text: str, known: Sequence[str] = TOOLS) -> list[str]:
+    """The --tools list, each one `known` (else exit with the choices)."""
+    tools = [t.strip() for t in text.split(",") if t.strip()]
+    if bad := [t for t in tools if t not in known]:
+        sys.exit(f"unknown tool(s) {bad}; choose from {tuple(known)}")
+    return tools
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, keep: bool) -> Iterator[Path]:
+    """A fresh work folder for the runs, removed at the end unless `keep` (--keep)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
     finally:
-        if args.keep:
+        if keep:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
