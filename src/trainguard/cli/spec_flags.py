@@ -14,7 +14,7 @@ from typing import Any
 from trainguard.errors import SpecError
 from trainguard.spec.aimaster_flags import parse_ft_args
 from trainguard.spec.frameworks import RULES
-from trainguard.spec.models import JobSpec, load_spec_file, validate_spec
+from trainguard.spec.models import JobSpec, load_spec_file, preload_names, validate_spec
 
 # CLI flag -> fault_tolerance field (one to one; None = the flag's own name).
 _FT_FLAGS = {
@@ -216,15 +216,13 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     if args.no_preload:
         data["preload"] = []
     elif args.preload is not None:
-        named = [m.strip() for m in args.preload.split(",") if m.strip()]
+        named = preload_names(args.preload)
         if [m.lower() for m in named] == ["none"]:
             data["preload"] = []
         else:  # more, on top of what the spec has (by default, what auto finds)
             before = data.get("preload")
-            if isinstance(before, str):
-                before = before.split(",")
-            base = ["auto"] if before is None else [str(m).strip() for m in before]
-            base = [m for m in base if m and m.lower() != "none"]
+            base = ["auto"] if before is None else preload_names(before)
+            base = [m for m in base if m.lower() != "none"]
             data["preload"] = [*base, *(m for m in named if m not in base)]
     if args.backend is not None:
         data["backend"] = args.backend

@@ -209,11 +209,7 @@ def commit(
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """The manifest of a checkpoint folder (as `latest()` returns it); None if unreadable."""
-    try:
-        data = json.loads((folder / MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return _manifest(_Local(folder.parent), folder.name)
 
 
 def manifest_of(storage: Storage, name: str) -> dict[str, Any] | None:

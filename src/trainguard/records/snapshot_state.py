@@ -1,10 +1,10 @@
 """A training state as a snapshot's parts, and back (issue 16).
 
 `torch.save` pickles a state and then writes every tensor's bytes through a zip archive;
-for a snapshot that goes to memory each step that is the cost (7 ms of a 25 ms step for
-17 MB here). Instead the state is pickled with each tensor replaced by a reference
+for a snapshot that goes to memory each step that is the cost (`bench/snapshot_cost.py`
+shows both). Instead the state is pickled with each tensor replaced by a reference
 (`persistent_id`, as torch.save does), and the tensors' bytes are copied by torch straight
-into the snapshot file's memory (1.5 ms). Without torch loaded the state is a plain pickle.
+into the snapshot file's memory. Without torch loaded the state is a plain pickle.
 
 Torch is never imported here: it is used only when the training process has loaded it.
 """

@@ -129,8 +129,8 @@ class _Slot:
 class Writer:
     """One rank's snapshot files, written step after step into memory that is reused.
 
-    A new file costs a page fault per 4 KiB (7 ms for 17 MB here); rewriting one of this
-    rank's last KEEP files in place costs the copy alone (1.5 ms). The file is marked
+    A new file costs a page fault per 4 KiB on its first write; rewriting one of this
+    rank's last KEEP files in place costs the copy alone. The file is marked
     invalid first, renamed to its new step, filled, and committed by a thread that
     computes its CRC and writes the header last, while training goes on: a rank killed
     before the commit leaves a step its peers cannot use, so the step before is offered.

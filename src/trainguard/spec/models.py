@@ -175,6 +175,13 @@ class CheckpointPolicy(_Model):
     snapshot_persist_every: int = Field(default=20, ge=0, le=MAX_LIMIT)
 
 
+def preload_names(value: object) -> list[str]:
+    """`torch, numpy` (or a list, or one value) as names, blanks dropped."""
+    items = value.split(",") if isinstance(value, str) else value
+    items = items if isinstance(items, list) else [items]
+    return [n for n in (str(m).strip() for m in items) if n]
+
+
 class QueuePolicy(_Model):
     """How a job waits for the server's quota (R-REC-3)."""
 
@@ -242,7 +249,7 @@ class JobSpec(_Model):
     def _preload_words(cls, value: Any) -> Any:
         """`preload: none` turns warm start off; `preload: torch,numpy` is a list."""
         if isinstance(value, str):
-            value = [m.strip() for m in value.split(",") if m.strip()]
+            value = preload_names(value)
         if isinstance(value, list) and [str(m).lower() for m in value] == ["none"]:
             return []
         if isinstance(value, list) and any(str(m).lower() == "none" for m in value):
