@@ -73,6 +73,7 @@ def test_replica_env() -> None:
         "TORCHELASTIC_RUN_ID": "job-abc",
         "TORCHELASTIC_RESTART_COUNT": "2",
         "TORCHELASTIC_MAX_RESTARTS": "3",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TRAINGUARD_JOB_ID": "job-abc",
         "TRAINGUARD_REPLICA": "worker-1",
         "TRAINGUARD_RESTART_COUNT": "2",

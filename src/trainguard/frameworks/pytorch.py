@@ -29,4 +29,6 @@ class PyTorch(Preset):
             "TORCHELASTIC_RUN_ID": ctx.job_id,
             "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
+            # rank 0 hosts the rendezvous store, unless the backend holds it (and says so)
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
         }

@@ -137,7 +137,8 @@ class LocalBackend:
         self._emit = emit
 
     async def rendezvous(self) -> tuple[str, int]:
-        return self._host, free_port(self._host)
+        port = await self._warm.store_port(self._host)
+        return self._host, free_port(self._host) if port is None else port
 
     # -------------------------------------------------------------- start
 
@@ -145,6 +146,7 @@ class LocalBackend:
         if self._guardian is None:
             self._guardian = Guardian()
         await self._warm.plan(launches, self._forked_exit)
+        launches = await self._warm.with_hosted_store(launches)
         loop = asyncio.get_running_loop()
         for launch in launches:
             if self._warm.why_cold(launch) is None:

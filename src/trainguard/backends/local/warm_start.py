@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from trainguard.backends.api import Launch
 from trainguard.backends.local.preload_plan import AUTO, resolve
 from trainguard.backends.local.python_cmd import parse, startup_env_differs
-from trainguard.backends.local.zygote import Zygote, ZygoteError
+from trainguard.backends.local.store_keeper import KeeperError, StoreKeeper
+from trainguard.backends.local.zygote import Zygote, ZygoteError, expand
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""torch's env:// rendezvous: "True" makes every rank a client of a store someone else hosts."""
 
 
 class WarmStart:
     def __init__(self, preload: Sequence[str]) -> None:
         self._preload = tuple(preload)
         self.zygote: Zygote | None = None
+        self.keeper: StoreKeeper | None = None  # the rendezvous store's host, where there is one
         self.notes: list[str] = []  # what the warm start did, why one starts cold (append-only)
         self._cold_said: set[tuple[str, str]] = set()  # (replica, reason) already noted
         self._planned = False  # the zygote was considered (once, at the first start)
+        self._hosted: set[tuple[str, int]] = set()  # (host, port) of stores the keeper opened
 
     async def plan(self, launches: Sequence[Launch], on_exit: Callable[[int, int], None]) -> None:
         """At the first start only: start the zygote for these launches, importing what
@@ -50,6 +57,47 @@ class WarmStart:
             f"warm start: {', '.join(self._preload)} imported once in "
             f"{self.zygote.import_s:.2f} s; replicas fork from it"
         )
+        if len(launches) > 1 and "torch.distributed" in expand(self._preload):
+            try:
+                self.keeper = await self.zygote.keeper()
+            except (ZygoteError, KeeperError) as exc:
+                self.notes.append(f"rank 0 hosts the rendezvous store: no keeper ({exc})")
+
+    async def store_port(self, host: str) -> int | None:
+        """A port where the keeper listens with a new store for the next attempt, or None
+        (there is no keeper, or it failed: rank 0 hosts the store, as usual)."""
+        if self.keeper is None or not self.keeper.alive:
+            return None
+        try:
+            port = await self.keeper.open(host)
+        except KeeperError as exc:
+            self.notes.append(f"rank 0 hosts the rendezvous store: the keeper failed ({exc})")
+            return None
+        self._hosted.add((host, port))
+        return port
+
+    async def with_hosted_store(self, launches: Sequence[Launch]) -> list[Launch]:
+        """The launches, each torch one told to connect to the keeper's store where the
+        keeper holds its endpoint. The first attempt's endpoint was drawn before the zygote
+        existed: the keeper opens a store there now (if the port is still free)."""
+        out = []
+        for launch in launches:
+            endpoint = _torch_endpoint(launch)
+            if endpoint is not None and endpoint not in self._hosted and self.keeper is not None:
+                try:
+                    await self.keeper.open(*endpoint)
+                    self._hosted.add(endpoint)
+                    self.notes.append(
+                        "the rendezvous store is held by trainguard, as torchrun's agent holds "
+                        "it: every rank connects to a store that already listens"
+                    )
+                except KeeperError as exc:
+                    self.notes.append(f"rank 0 hosts the rendezvous store: {exc}")
+            hosted = endpoint is not None and endpoint in self._hosted
+            out.append(
+                replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"}) if hosted else launch
+            )
+        return out
 
     def why_cold(self, launch: Launch) -> str | None:
         """Why this replica cannot fork from the zygote, or None when it can; noted (once
@@ -72,6 +120,20 @@ class WarmStart:
         return startup_env_differs(zygote.env, launch.env)
 
     async def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
+            self.keeper = None
         if self.zygote is not None:
             await self.zygote.close()
             self.zygote = None
+
+
+def _torch_endpoint(launch: Launch) -> tuple[str, int] | None:
+    """(MASTER_ADDR, MASTER_PORT) of a launch the pytorch preset made, else None."""
+    env = launch.env
+    if "TORCHELASTIC_RUN_ID" not in env or "MASTER_ADDR" not in env:
+        return None
+    try:
+        return env["MASTER_ADDR"], int(env.get("MASTER_PORT", ""))
+    except ValueError:
+        return None

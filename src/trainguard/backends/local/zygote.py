@@ -8,7 +8,7 @@ session, dies with the zygote (PR_SET_PDEATHSIG), takes the master's pipe as its
 and stderr, gets a clean environment and working directory, and runs its program (a
 script, `-m module` or `-c code`) as `__main__`, with the sys.argv and sys.path[0] the
 interpreter would have given it. The zygote reports each child's pid and, when it
-reaps it, its exit status.
+reaps it, its exit status. It also forks the job's rendezvous store keeper (`store_keeper`).
 
 Messages are JSON lines; the pipe's write end travels with a request as SCM_RIGHTS.
 """
@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.backends.local.replica_init import become_replica, die_with_parent
+from trainguard.backends.local.store_keeper import StoreKeeper, keep
 
 PRESETS: dict[str, tuple[str, ...]] = {
     # What DDP needs, for a job of several ranks, and the heavy libraries of torch._dynamo,
@@ -123,7 +124,9 @@ def main(modules: Sequence[str], fd: int) -> None:
                 req = json.loads(line)
                 out_fd = received.pop(0)
                 pid = os.fork()
-                if pid == 0:
+                if pid == 0 and req.get("keeper"):
+                    keep((sock.fileno(), wake_r, wake_w), out_fd)
+                elif pid == 0:
                     become_replica(sock, wake_r, wake_w, req, out_fd)
                 os.close(out_fd)
                 _send(sock, {"id": req["id"], "pid": pid})
@@ -169,6 +172,7 @@ class Zygote:
         self.import_s = 0.0
         self.alive = True
         self.env: dict[str, str] = {}  # the environment it imported in (startup_env_differs)
+        self.helpers: set[int] = set()  # pids it forked that are not replicas (the keeper)
 
     @classmethod
     async def start(
@@ -237,7 +241,9 @@ class Zygote:
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
             msg = json.loads(line)
-            if "exit" in msg:
+            if "exit" in msg and int(msg["exit"]) in self.helpers:
+                self.helpers.discard(int(msg["exit"]))
+            elif "exit" in msg:
                 self.on_exit(int(msg["exit"]), int(msg["code"]))
             elif "id" in msg:
                 fut = self._pending.pop(int(msg["id"]), None)
@@ -255,13 +261,36 @@ class Zygote:
 
     async def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, out_fd: int) -> int:
         """Fork a replica writing to `out_fd`; returns its pid."""
+        return await self._fork({"argv": list(argv), "env": env, "cwd": cwd}, out_fd)
+
+    async def keeper(self) -> StoreKeeper:
+        """Fork the job's rendezvous store keeper and wait until it can open stores."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = await self._fork({"keeper": True}, theirs.fileno())
+        except ZygoteError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.helpers.add(pid)
+        keeper = StoreKeeper(ours, pid)
+        try:
+            await keeper.ready()
+        except BaseException:
+            keeper.close()
+            raise
+        return keeper
+
+    async def _fork(self, req: dict[str, Any], fd: int) -> int:
         if not self.alive:
             raise ZygoteError("the preload process is gone")
         self._next += 1
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[self._next] = fut
-        msg = json.dumps({"id": self._next, "argv": list(argv), "env": env, "cwd": cwd}) + "\n"
-        fds = array.array("i", [out_fd])
+        msg = json.dumps({"id": self._next, **req}) + "\n"
+        fds = array.array("i", [fd])
         self._sock.setblocking(True)
         try:
             self._sock.sendmsg(
