@@ -39,7 +39,7 @@ def test_the_keeper_opens_fresh_stores_and_keeps_the_newest() -> None:
             with socket.socket() as taken:
                 taken.bind(("127.0.0.1", 0))
                 taken.listen()
-                with pytest.raises(KeeperError, match="(?i)address already in use|bind"):
+                with pytest.raises(KeeperError, match=r"(?i)address already in use|bind"):
                     await keeper.open("127.0.0.1", taken.getsockname()[1])
             assert keeper.alive  # one store it could not open does not end it
             await zygote.close()  # the keeper dies with the zygote
