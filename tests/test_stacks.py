@@ -314,3 +314,42 @@ def test_straggler_report_one_step_behind_by_jitter_is_ok_and_no_beats_is_absent
 def test_straggler_report_all_stopped_together_is_no_straggler(now_s: float) -> None:
     beats = {"a": steady(3, 1.0), "b": steady(3, 1.0)}
     assert straggler_report(beats, now_s) == {"a": "ok", "b": "ok"}
+
+
+# The deadlock at exit of a gloo DDP rank, as py-spy --native showed it on this machine
+# (8 ranks of examples/ddp_train.py with torch._dynamo imported before init_process_group;
+# the frames as dumped, innermost first, libc addresses left out).
+LIBTORCH_PY = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_python.so"
+EXIT_MAIN = (
+    nat("std::thread::join", "/usr/lib/libstdc++.so.6.0.30"),
+    nat("c10d::ProcessGroupGloo::~ProcessGroupGloo"),
+    nat("c10d::ProcessGroupGloo::~ProcessGroupGloo"),
+    nat("c10d::ProcessGroup::~ProcessGroup"),
+    nat("c10d::ProcessGroup::~ProcessGroup"),
+    nat("c10d::Reducer::~Reducer"),
+    nat("std::_Sp_counted_base<(__gnu_cxx::_Lock_policy)2>::_M_release", LIBTORCH_PY),
+    nat("pybind11::detail::clear_instance", LIBTORCH_PY),
+    nat("pybind11_object_dealloc", LIBTORCH_PY),
+    py("<module>", "/work/examples/ddp_train.py", 172),
+)
+EXIT_WORKER = (
+    nat("pthread_cond_timedwait", "/usr/lib/libc.so.6"),
+    nat("pybind11::gil_scoped_acquire::gil_scoped_acquire", LIBTORCH_PY),
+    nat("torch::detail::(anonymous namespace)::ConcretePyInterpreterVTable::decref", LIBTORCH_PY),
+    nat("at::ThreadLocalState::~ThreadLocalState"),
+    nat("c10d::ProcessGroupGloo::AsyncWork::~AsyncWork"),
+    nat("c10d::AsyncAllreduceWork::~AsyncAllreduceWork"),
+    nat("c10d::ProcessGroupGloo::runLoop"),
+)
+
+
+def test_a_rank_deadlocked_in_gloo_teardown_is_named_with_the_torch_bug() -> None:
+    stuck = snap("worker-3", 3, (main_thread(*EXIT_MAIN), ThreadStack(2, None, False, EXIT_WORKER)))
+    done = snap("worker-0", 0, (main_thread(*in_barrier()),))
+    report = aggregate([done, stuck])
+    assert report.culprits == ("worker-3",)
+    assert report.summary.startswith("deadlock in torch: worker-3 is stuck destroying a gloo")
+    assert "pytorch/pytorch#56297" in report.summary
+    # the same teardown with no worker waiting for the GIL is not that deadlock
+    joining = snap("worker-3", 3, (main_thread(*EXIT_MAIN),))
+    assert "deadlock in torch" not in aggregate([done, joining]).summary

@@ -59,6 +59,24 @@ _COLLECTIVE_FILES = tuple(
     )
 )
 _THIRD_PARTY = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_GIL_WAIT = re.compile(r"gil_scoped_acquire|take_gil|PyEval_AcquireThread|PyGILState_Ensure")
+
+
+def exit_deadlock(snap: ReplicaSnapshot) -> bool:
+    """torch's deadlock at a gloo group's teardown (pytorch/pytorch#56297): the main
+    thread joins gloo's workers in ~ProcessGroupGloo holding the GIL, while a worker waits
+    for the GIL to free its last work. Native frames only show it (py-spy --native)."""
+    if not snap.ok or not snap.threads:
+        return False
+    main = _main_thread(snap.threads)
+    if not any(f.native and "~ProcessGroupGloo" in f.name for f in main.frames):
+        return False
+    return any(
+        t is not main
+        and any(f.native and _GIL_WAIT.search(f.name) for f in t.frames)
+        and any(f.native and "ProcessGroupGloo" in f.name for f in t.frames)
+        for t in snap.threads
+    )
 
 
 def _is_collective(frame: Frame) -> bool:
@@ -171,10 +189,12 @@ def aggregate(
     """Group identical stacks across replicas and threads; name the likely culprit.
 
     Each replica's state comes from its main thread (see `in_collective`). Rules, first
-    match wins: (1) some wait in communication and others compute: the computing ones
-    are culprits. (2) None computes, and of three or more in communication exactly one
-    sits in a different collective: that one. (3) `progress` (replica -> "stuck" /
-    "slow" / "ok", from heartbeats) names stuck replicas: those. (4) No culprit.
+    match wins: (0) a replica deadlocked in torch's gloo teardown (`exit_deadlock`) is the
+    culprit, whatever the others do. (1) some wait in communication and others compute:
+    the computing ones are culprits. (2) None computes, and of three or more in
+    communication exactly one sits in a different collective: that one. (3) `progress`
+    (replica -> "stuck" / "slow" / "ok", from heartbeats) names stuck replicas: those.
+    (4) No culprit.
     """
     progress = progress or {}
     snaps = sorted(snapshots, key=lambda s: (s.rank, s.replica))
@@ -203,6 +223,16 @@ def _culprits(
     snaps: Sequence[ReplicaSnapshot], judged: Mapping[str, _Judged], progress: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str], str]:
     """(culprits, reason of each, one-line summary) by the rules of `aggregate`."""
+    if deadlocked := [s.replica for s in snaps if exit_deadlock(s)]:
+        who = f"{deadlocked[0]} is" if len(deadlocked) == 1 else f"{_names(deadlocked)} are"
+        summary = (
+            f"deadlock in torch: {who} stuck destroying a gloo process group: the main thread "
+            "joins gloo's worker threads in ~ProcessGroupGloo holding the GIL, which a worker "
+            "needs to free its last work (pytorch/pytorch#56297; seen with torch._dynamo or "
+            "FSDP imported before init_process_group)"
+        )
+        reason = "deadlocked in ~ProcessGroupGloo: it holds the GIL a gloo worker waits for"
+        return deadlocked, dict.fromkeys(deadlocked, reason), summary
     comm = [s.replica for s in snaps if judged[s.replica].state == "communication"]
     comp = [s.replica for s in snaps if judged[s.replica].state == "computation"]
     if comm and comp:
