@@ -50,6 +50,13 @@ model.compile("sgd", "mse")
 model.fit(x, x.sum(1), epochs=2, batch_size=16, verbose=0)
 weights = b"".join(w.tobytes() for w in model.get_weights())
 print("KERAS", os.environ["RANK"], hashlib.sha256(weights).hexdigest()[:16], flush=True)
+# the primary's exit ends the job: it waits until the other rank has printed
+import pathlib, sys, time
+done = pathlib.Path(sys.argv[1]) / os.environ["TRAINGUARD_JOB_ID"]  # one per run
+done.with_suffix("." + os.environ["RANK"]).touch()
+deadline = time.time() + 120
+while os.environ["RANK"] == "0" and time.time() < deadline and not done.with_suffix(".1").exists():
+    time.sleep(0.05)
 """
 
 
@@ -74,7 +81,7 @@ def test_a_keras_script_runs_the_same_cold_and_warm(tg: TG, tmp_path: Path) -> N
     pytest.importorskip("tensorflow")
     script = tmp_path / "keras_job.py"
     script.write_text(KERAS)
-    argv = ("--nproc-per-node", "2", "--", sys.executable, str(script))
+    argv = ("--nproc-per-node", "2", "--", sys.executable, str(script), str(tmp_path))
     cold, warm = cold_and_warm(tg, *argv, prefix="KERAS ", warm_note="warm start: numpy")
     assert cold == warm and len(cold[0]) == 1
     assert cold[0][0].split()[2] == cold[1][0].split()[2]  # DDP-free, same seed: same weights
