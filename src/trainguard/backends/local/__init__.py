@@ -6,6 +6,7 @@ and the OOM probe.
 
 __all__ = [
     "backend",
+    "import_order",
     "oom",
     "preload_plan",
     "python_cmd",

@@ -1,6 +1,7 @@
 """Becoming the replica, in a child the warm-start zygote forked: what the interpreter would
 have set up for the replica's program, applied after the fork (session, descriptors,
-environment, signal handlers, thread counts, fresh random state, sys.argv and __main__),
+environment, signal handlers, thread counts, fresh random state, what torch binds late
+(`import_order`), sys.argv and __main__),
 then Python's own ending (threads, atexit). See `zygote` for the process that forks."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from trainguard.backends.local.import_order import bind_group_defaults_late
 from trainguard.backends.local.python_cmd import PythonCommand, parse
 
 _PR_SET_PDEATHSIG = 1
@@ -57,6 +59,7 @@ def become_replica(
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it up
         _apply_thread_env()
         _reseed()
+        bind_group_defaults_late()
         cmd = parse(req["argv"])
         assert isinstance(cmd, PythonCommand), cmd  # the master asks only for forkable ones
         sys.orig_argv = list(req["argv"])

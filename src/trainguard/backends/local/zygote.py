@@ -33,13 +33,20 @@ from trainguard.backends.local.replica_init import become_replica, die_with_pare
 from trainguard.backends.local.store_keeper import StoreKeeper, keep
 
 PRESETS: dict[str, tuple[str, ...]] = {
-    # What DDP needs, for a job of several ranks, and the heavy libraries of torch._dynamo,
-    # which DDP's constructor imports lazily (~1.1 s; ~0.7 s with these). Not torch._dynamo
-    # itself: forked from a process that had imported it, gloo DDP ranks deadlock at exit
-    # (14 of 15 runs of 8 ranks; ProcessGroupGloo's destructor joins its worker holding the
-    # GIL, which the worker needs: pytorch/pytorch#56297), never when it is imported after
-    # the fork, nor with these (0 of 10).
-    "torch": ("torch", "torch.distributed", "torch.nn.parallel", "sympy", "torch.fx", "networkx"),
+    # What DDP needs, for a job of several ranks, with torch._dynamo, which DDP's
+    # constructor imports lazily (~0.7 s in every rank, most of a warm restart). Imported
+    # before any process group exists, it leaves torch.distributed.nn.functional's group
+    # defaults unbound, and gloo ranks deadlocked at exit; `import_order` binds them in
+    # each forked replica as a cold import after init_process_group would have.
+    "torch": (
+        "torch",
+        "torch.distributed",
+        "torch.nn.parallel",
+        "sympy",
+        "torch.fx",
+        "networkx",
+        "torch._dynamo",
+    ),
 }
 """What a preload name imports for a distributed job; any other name is imported as it is."""
 
