@@ -3,7 +3,8 @@ schedule of faults, over several seeds, each final model compared bit for bit wi
 fault-free run.
 
 Faults, injected with `trainguard run --inject` at a seeded random time of the running
-attempt (35-70% of the fault-free run's wall time): SIGKILL of a rank, SIGSEGV, a hang
+attempt (35-70% into the fault-free runs' replicas' run, counted as --inject counts, from
+the attempt's RUNNING): SIGKILL of a rank, SIGSEGV, a hang
 (SIGSTOP, found by the hang detector), a SIGTERM "preemption", and a SIGKILL of the
 master followed by `trainguard resume`.
 
@@ -19,6 +20,7 @@ steps) next to the time lost.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import statistics
@@ -67,13 +69,17 @@ def one_run(work: Path, fault: str | None, t: float, snapshot: bool) -> dict[str
     wall = time.monotonic() - t0
     logs = "".join(p.read_text(errors="replace") for p in sorted(home.glob("jobs/*/*/*.log")))
     digest = SHA.search(logs)
-    status = _tg(home, "status", "chaos", "--json").stdout
-    attempts = int(m[1]) if (m := re.search(r'"attempts": (\d+)', status)) else 0
+    status = json.loads(_tg(home, "status", "chaos", "--json").stdout or "{}")
+    started = [r["started_at_s"] for r in status.get("replicas", []) if r.get("started_at_s")]
+    ended = [r["ended_at_s"] for r in status.get("replicas", []) if r.get("ended_at_s")]
     return {
         "fault": fault,
         "rc": res.returncode,
         "wall_s": wall,
-        "attempts": attempts,
+        "attempts": int(status.get("attempts", 0)),
+        # from the job's creation to its replicas' start, and how long they then ran
+        "lead_s": min(started) - status["created_at_s"] if started else 0.0,
+        "run_s": max(ended) - min(started) if started and ended else 0.0,
         "sha": digest[1] if digest else None,
         "redone": len(STEP0.findall(logs)) - int(TRAIN_ARGS[1]),
         "cost": [(float(a), float(b)) for a, b in COST.findall(logs)],
@@ -93,7 +99,13 @@ def main() -> None:
         base = clean[0]["sha"]
         assert base and all(c["sha"] == base for c in clean), clean
         clean_wall = statistics.median(float(str(c["wall_s"])) for c in clean)
-        print(f"fault-free: sha256 {str(base)[:12]}, wall {clean_wall:.1f} s (median of 2)")
+        lead = statistics.median(float(str(c["lead_s"])) for c in clean)
+        run = statistics.median(float(str(c["run_s"])) for c in clean)
+        print(
+            f"fault-free: sha256 {str(base)[:12]}, wall {clean_wall:.1f} s (median of 2); "
+            f"replicas start {lead:.1f} s after the job and run {run:.1f} s: faults land in "
+            "35-70% of that run"
+        )
         costs = [c for r in clean for c in r["cost"]]  # type: ignore[attr-defined]
         if costs:
             print(
@@ -105,9 +117,10 @@ def main() -> None:
         for fault in faults:
             rows = []
             for seed in range(args.seeds):
-                # Within the attempt's run of steps, whatever the start costs: a fault after
-                # the job ended would find nothing to do (and a master fault, nothing to resume).
-                t = random.Random(f"{fault}-{seed}").uniform(0.35, 0.7) * clean_wall
+                # Within the replicas' run (--inject counts from the attempt's RUNNING, after
+                # the zygote's imports): a fault after the job ended would find nothing to
+                # do (and a master fault, nothing to resume).
+                t = random.Random(f"{fault}-{seed}").uniform(0.35, 0.7) * run
                 rows.append(one_run(work, fault, t, args.snapshot))
             ok = [r for r in rows if r["rc"] == 0 and r["sha"] is not None]
             bad = [r for r in ok if r["sha"] != base]
