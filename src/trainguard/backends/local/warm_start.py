@@ -80,24 +80,26 @@ class WarmStart:
         """The launches, each torch one told to connect to the keeper's store where the
         keeper holds its endpoint. The first attempt's endpoint was drawn before the zygote
         existed: the keeper opens a store there now (if the port is still free)."""
-        out = []
-        for launch in launches:
-            endpoint = _torch_endpoint(launch)
-            if endpoint is not None and endpoint not in self._hosted and self.keeper is not None:
-                try:
-                    await self.keeper.open(*endpoint)
-                    self._hosted.add(endpoint)
-                    self.notes.append(
-                        "the rendezvous store is held by trainguard, as torchrun's agent holds "
-                        "it: every rank connects to a store that already listens"
-                    )
-                except KeeperError as exc:
-                    self.notes.append(f"rank 0 hosts the rendezvous store: {exc}")
-            hosted = endpoint is not None and endpoint in self._hosted
-            out.append(
-                replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"}) if hosted else launch
+        endpoints = {e for e in map(_torch_endpoint, launches) if e is not None}
+        for endpoint in sorted(endpoints - self._hosted):  # once each, not once per rank
+            if self.keeper is None:
+                break
+            try:
+                await self.keeper.open(*endpoint)
+            except KeeperError as exc:
+                self.notes.append(f"rank 0 hosts the rendezvous store: {exc}")
+                continue
+            self._hosted.add(endpoint)
+            self.notes.append(
+                "the rendezvous store is held by trainguard, as torchrun's agent holds it: "
+                "every rank connects to a store that already listens"
             )
-        return out
+        return [
+            replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
+            if _torch_endpoint(launch) in self._hosted
+            else launch
+            for launch in launches
+        ]
 
     def why_cold(self, launch: Launch) -> str | None:
         """Why this replica cannot fork from the zygote, or None when it can; noted (once
