@@ -57,9 +57,13 @@ class FakeBackend:
         self.signals: list[tuple[str, int]] = []  # what fault injection sent, in order
         self.closed = False
         self.exit_on_stop: dict[str, int] = {}  # a replica ending on its own as the stop came
+        self.nodes: dict[str, str] = {}  # replica -> the node label its start reports
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self.emit = emit
+
+    async def channel_host(self) -> str:
+        return "127.0.0.1"  # every replica runs on this machine
 
     async def rendezvous(self) -> tuple[str, int]:
         if self.no_capacity is not None:
@@ -74,7 +78,10 @@ class FakeBackend:
             self.launches.append(launch)
             self.live[launch.replica] = launch
             pid = 1000 + len(self.launches)
-            self.emit(ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0))
+            node = self.nodes.get(launch.replica)
+            self.emit(
+                ReplicaStarted(launch.attempt, launch.replica, launch.restart, pid, 1.0, node=node)
+            )
 
     def exit(
         self,

@@ -315,6 +315,22 @@ def test_a_cascade_alone_is_retried_and_recorded(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_restart_record_names_the_node_the_failure_was_on(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        be = FakeBackend()
+        be.nodes = {"worker-0": "10.0.0.2/ab12cd34", "worker-1": "10.0.0.3/ef56ab78"}
+        m, store = make(tmp_path, be)
+        await m.begin()
+        await drain(m)
+        be.exit("worker-1", -9)
+        await drain(m)
+        (rec,) = store.restarts_of("job-1")
+        assert (rec.replica, rec.node) == ("worker-1", "10.0.0.3/ef56ab78")
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_a_crash_at_exit_after_the_peers_finished_is_retried(tmp_path: Path) -> None:
     tail = (
         "`Trainer.fit` stopped: `max_epochs=2` reached.",

@@ -97,6 +97,11 @@ class Backend(Protocol):
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         """Where to send events; called once before anything starts."""
 
+    async def channel_host(self) -> str:
+        """The address the master's SDK channel listens on: one every replica can reach
+        (this machine's loopback for local replicas; the master's address in the cluster
+        for a remote backend), never all interfaces. Called once, before the first attempt."""
+
     async def rendezvous(self) -> tuple[str, int]:
         """A fresh (MASTER_ADDR, MASTER_PORT) for a new attempt."""
 

@@ -60,7 +60,7 @@ class Attempts(MasterCore):
         self._attempt_failures = []
         for rep in self.replicas.values():
             rep.state, rep.pid, rep.restarts, rep.run_id = ReplicaState.STARTING, None, 0, None
-            rep.started_s = None
+            rep.started_s, rep.node = None, None
         if self._pending is not None:
             self._pending.start_begin_s = self.clock()
         launches = []
@@ -95,7 +95,7 @@ class Attempts(MasterCore):
         if rep is None:
             return
         rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
-        rep.started_s = ev.time_s
+        rep.started_s, rep.node = ev.time_s, ev.node
         self._maybe_running()
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:

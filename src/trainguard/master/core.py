@@ -273,6 +273,7 @@ class MasterCore:
             progress=self._progress(rep, tail),
             uptime_s=None if rep.started_s is None else time_s - rep.started_s,
             evidence=evidence,
+            node=rep.node,
         )
 
     def _record_spawn_failure(self, ev: ReplicaExited) -> int:

@@ -43,6 +43,7 @@ class ReplicaSlot:
     restarts: int = 0  # restarts alone within the current attempt (async mode)
     run_id: int | None = None
     started_s: float | None = None  # when its current run started
+    node: str | None = None  # where its current run runs (the backend's label)
 
 
 @dataclass

@@ -71,6 +71,7 @@ class Ledger:
             round=self.restarts,
             at_s=self.decided_s,
             replica=failure.replica,
+            node=failure.node,
             error_code=error_code(c),
             error_message=c.message,
             error_source=(

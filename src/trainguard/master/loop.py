@@ -63,12 +63,12 @@ class Master(Attempts, Exits, HangResponse, Faults):
     async def begin(self) -> None:
         """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
         self.backend.bind(self.post)
-        await self.sdk.start()
+        await self.sdk.start(await self.backend.channel_host())
         await self._start_attempt()
 
     async def run(self) -> Outcome:
         self.backend.bind(self.post)
-        await self.sdk.start()
+        await self.sdk.start(await self.backend.channel_host())
         watch = asyncio.create_task(self.hangs.run())
         need_attempt = True
         try:

@@ -130,7 +130,10 @@ class SdkServer:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
-    async def start(self) -> None:
+    async def start(self, host: str | None = None) -> None:
+        """Listen on `host` (default: the one given at construction)."""
+        if host is not None:
+            self._host = host
         self._server = await asyncio.start_server(
             self._serve, self._host, self._requested_port, limit=_MAX_LINE_BYTES
         )

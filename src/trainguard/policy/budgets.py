@@ -36,6 +36,7 @@ class Failure:
     progress: int | None = None  # the step the replica had reached; None: none known
     uptime_s: float | None = None  # how long the replica had run when it failed
     evidence: ExitEvidence | None = None  # what it was classified from (None: a hang)
+    node: str | None = None  # where it ran (the backend's label); None: the master's host
 
     @property
     def same_error_key(self) -> str:

@@ -358,7 +358,8 @@ class Recorder:
             self._notify("custom_message", text, replica=replica)
 
     def restart(self, **values: Any) -> int:
-        row = self._insert(restart_records, job_id=self.job_id, node=NODE, **values)
+        values["node"] = values.get("node") or NODE  # a failure elsewhere names its node
+        row = self._insert(restart_records, job_id=self.job_id, **values)
         about = {k: values.get(k) for k in ("replica", "failure_class", "error_code", "round")}
         text = f"{values.get('error_message')} -> {values.get('decision')}"
         self._notify("restart", text, **about)

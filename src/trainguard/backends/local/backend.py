@@ -136,6 +136,9 @@ class LocalBackend:
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit
 
+    async def channel_host(self) -> str:
+        return "127.0.0.1"  # every replica runs on this machine
+
     async def rendezvous(self) -> tuple[str, int]:
         port = await self._warm.store_port(self._host)
         return self._host, free_port(self._host) if port is None else port

@@ -82,6 +82,9 @@ class MpiBackend:
         self._emit = emit
         self._inner.bind(self._from_inner)
 
+    async def channel_host(self) -> str:
+        return "127.0.0.1"  # every replica runs on this machine
+
     async def rendezvous(self) -> tuple[str, int]:
         return await self._inner.rendezvous()
 

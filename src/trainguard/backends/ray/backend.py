@@ -115,6 +115,17 @@ class RayBackend:
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit
 
+    async def channel_host(self) -> str:
+        """The master's address in the cluster (`ray.driver_ip`, else the one Ray found for
+        this machine): replicas on other nodes call the SDK channel there."""
+        if self._opts.driver_ip:
+            return self._opts.driver_ip
+        try:
+            ray = await asyncio.to_thread(self._connect)
+            return str(await asyncio.to_thread(ray.util.get_node_ip_address))
+        except Exception:  # no cluster: the first rendezvous says why, as a failed attempt
+            return "127.0.0.1"
+
     async def rendezvous(self) -> tuple[str, int]:
         """A new placement group and actors for the attempt; rank 0's node and a port."""
         ray = await asyncio.to_thread(self._connect)
