@@ -19,6 +19,7 @@ import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,13 @@ def _args() -> argparse.Namespace:
         action="store_true",
         help="keep every step's state in memory with trainguard.sdk.snapshot and resume from "
         "the newest one all ranks hold (a killed rank then costs one step)",
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="checkpoint through trainguard.sdk.report into the job's checkpoint storage "
+        "(what every host of a multi-host job sees) and resume from sdk.get_checkpoint(); "
+        "--ckpt-dir is then only the folder rank 0 writes each checkpoint in first",
     )
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument(
@@ -89,6 +97,20 @@ def _stall_forever() -> None:
         time.sleep(3600)
 
 
+def _saved_state(args: argparse.Namespace, ckpt: Path) -> tuple[dict[str, Any], str] | None:
+    """The newest state to resume from, and where it came from; None on a first run."""
+    state = torch.load(ckpt, weights_only=True) if ckpt.exists() and not args.report else None
+    where = "checkpoint"
+    if args.report and (reported := sdk.get_checkpoint()) is not None:
+        state = torch.load(Path(reported) / "checkpoint.pt", weights_only=True)
+        where = f"reported checkpoint {Path(reported).name}"
+    if args.snapshot:
+        found = sdk.load_snapshot()  # the newest step every rank holds, memory or disk
+        if found is not None and (state is None or found[0] >= int(state["step"])):
+            state, where = found[1], "snapshot"
+    return None if state is None else (state, where)
+
+
 def main() -> None:
     args = _args()
     rank = int(os.environ["RANK"])
@@ -103,13 +125,9 @@ def main() -> None:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_dir / "checkpoint.pt"
     start = 0
-    state = torch.load(ckpt, weights_only=True) if ckpt.exists() else None
-    where = "checkpoint"
-    if args.snapshot:
-        found = sdk.load_snapshot()  # the newest step every rank holds, memory or disk
-        if found is not None and (state is None or found[0] >= int(state["step"])):
-            state, where = found[1], "snapshot"
-    if state is not None:
+    found = _saved_state(args, ckpt)
+    if found is not None:
+        state, where = found
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = int(state["step"])
@@ -150,6 +168,10 @@ def main() -> None:
         if step % args.ckpt_every == 0 and rank == 0:
             state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
             _save_atomic(state, ckpt)
+            if args.report:  # committed into the job's storage, then the master is told
+                sdk.report({"step": step, "loss": loss.item()}, checkpoint=str(ckpt_dir))
+        elif args.report:
+            sdk.heartbeat(step)
         if args.step_time:
             time.sleep(args.step_time)
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,14 +24,16 @@ class TG:
 
     made: ClassVar[list[TG]] = []  # every one this test made: closed when it ends
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, prefix: Sequence[str] = ()) -> None:
+        """`prefix`: what each command runs through (e.g. a test host's `nsenter`)."""
         self.home = home
+        self.prefix = list(prefix)
         self.env = {**os.environ, "TRAINGUARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.started: list[subprocess.Popen[str]] = []
         TG.made.append(self)
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "trainguard", *args]
+        return [*self.prefix, sys.executable, "-m", "trainguard", *args]
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

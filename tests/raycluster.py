@@ -31,14 +31,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from trainguard.backends.net import free_port
+
+if TYPE_CHECKING:
+    from hosts import Host, Hosts
 
 LOOPBACK = "127.0.0.1"
 # A SIGKILLed raylet fails each check at once (connection refused), so it is declared dead
@@ -123,32 +126,50 @@ class RayNode:
         """The custom resource only this node has: `resources={r: 0.01}` pins a task here."""
         return f"node_{self.index}"
 
+    host: Host | None = None  # where it runs, when on hosts that share nothing
+
     def processes(self) -> list[int]:
+        if self.host is not None:  # every process of the host is the node's
+            return self.host.processes()
         return _processes(self.launcher.pid, str(self.temp_dir))
+
+    def seen(self, path: Path) -> Path:
+        """Where the test reads a file the node writes at `path`."""
+        return path if self.host is None else self.host.outside(path)
 
 
 class RayCluster:
-    """Ray nodes on this machine, each a process tree of its own, all on 127.0.0.1."""
+    """Ray nodes on this machine, each a process tree of its own: all on 127.0.0.1, or
+    node i on `hosts[i]` (tests/hosts.py), at that host's address, in its own /tmp."""
 
     def __init__(
         self,
         root: Path,
+        num_cpus: int | Sequence[int] = 2,
         num_nodes: int = 3,
-        num_cpus: int = 2,
         system_config: dict[str, Any] | None = None,
+        hosts: Hosts | None = None,
     ) -> None:
         self.root = root
-        self.num_nodes = num_nodes
+        self.hosts = hosts
+        self.num_nodes = num_nodes if hosts is None else hosts.count
         self.num_cpus = num_cpus
         self.system_config = FAST_HEALTH_CHECK if system_config is None else system_config
         self.port = free_port()
         self.all_nodes: list[RayNode] = []  # every node started, in order, dead ones too
         self._state: Any = None
 
+    def _host(self, index: int) -> Host | None:
+        return None if self.hosts is None else self.hosts[index % self.hosts.count]
+
+    def ip(self, index: int) -> str:
+        host = self._host(index)
+        return LOOPBACK if host is None else host.ip
+
     @property
     def address(self) -> str:
         """The GCS address, for `ray.init(address=...)` and `--ray-address`."""
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.ip(0)}:{self.port}"
 
     def start(self, timeout: float = 60) -> None:
         self._wait_up(self._launch(), timeout)
@@ -163,18 +184,39 @@ class RayCluster:
         return node
 
     def heal(self) -> None:
-        """Add nodes until `num_nodes` are alive, for a test after one that killed some."""
-        while len(self.nodes()) < self.num_nodes:
-            self.add_node()
+        """Add nodes until `num_nodes` are alive, for a test after one that killed some;
+        on hosts, a new node on each host whose node is dead (its cable mended first)."""
+        if self.hosts is None:
+            while len(self.nodes()) < self.num_nodes:
+                self.add_node()
+            return
+        for host in self.hosts.hosts:  # Ray may list a node cut off alive for ~30 s
+            mine = [n for n in self.all_nodes if n.host is host]
+            if not any(n.alive for n in mine):
+                host.kill()  # what the cut-off node left running
+                if host.cut_off:
+                    host.mend()
+                for n in mine:
+                    n.alive = False
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        n.launcher.wait(timeout=10)
+                self._wait_up(self._launch(host), 60)
 
-    def _launch(self) -> RayNode:
+    def _launch(self, host: Host | None = None) -> RayNode:
         index = len(self.all_nodes)
-        temp_dir = self.root / str(index)
-        temp_dir.mkdir(parents=True)
+        host = host or self._host(index)
+        # On a host, the node's folder is in that host's own /tmp (the test reads it there).
+        temp_dir = self.root / str(index) if host is None else Path(f"/tmp/ray-node-{index}")
+        if host is None:
+            temp_dir.mkdir(parents=True)
         params: dict[str, Any] = {
-            "node_ip_address": LOOPBACK,
+            "node_ip_address": LOOPBACK if host is None else host.ip,
             "node_name": f"node_{index}",
-            "num_cpus": self.num_cpus,
+            "num_cpus": (
+                self.num_cpus
+                if isinstance(self.num_cpus, int)
+                else self.num_cpus[host.index if host else index]
+            ),
             "num_gpus": 0,
             "resources": {f"node_{index}": 1},
             "object_store_memory": OBJECT_STORE_BYTES,
@@ -196,21 +238,23 @@ class RayCluster:
         else:
             params["gcs_address"] = self.address
         spec = json.dumps({"head": index == 0, "params": params})
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, __file__, spec]
         with open(self.root / f"launcher-{index}.log", "wb") as log:
             launcher = subprocess.Popen(
-                [sys.executable, __file__, spec],
+                argv if host is None else [*host.prefix(), *argv],
                 env={**os.environ, **DRIVER_ENV, MARKER: str(temp_dir)},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        node = RayNode(index, temp_dir, launcher)
+        node = RayNode(index, temp_dir, launcher, host=host)
         self.all_nodes.append(node)
         return node
 
     def _wait_up(self, node: RayNode, timeout: float) -> None:
-        ready = node.temp_dir / "node.json"
+        ready = node.seen(node.temp_dir / "node.json")
         deadline = time.monotonic() + timeout
         while not ready.exists():
             self._check_launcher(node, deadline, "did not start")
@@ -276,7 +320,7 @@ class RayCluster:
             raise ValueError(f"node {index} is already dead")
         rest = [] if raylet_only else node.processes()
         start = time.monotonic()
-        os.kill(node.raylet_pid, signal.SIGKILL)
+        _kill(node.raylet_pid)
         for pid in rest:
             _kill(pid)
         node.alive = False

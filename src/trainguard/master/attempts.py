@@ -14,6 +14,7 @@ from trainguard.master.events import (
     CapacityRetry,
     PendingRestart,
 )
+from trainguard.master.sdk_channel import new_token
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
     Expire,
@@ -38,6 +39,9 @@ class Attempts(MasterCore):
     async def _start_attempt(self) -> None:
         if self.attempt < 0:
             self.keeper.seed()
+        if self._storage_check is None:  # once per master, a resumed one included
+            token = new_token()
+            self._storage_check = token if self.keeper.mark(token) else ""
         try:
             self.gpus.assign()
             self._rendezvous = await self.backend.rendezvous()

@@ -15,6 +15,7 @@ from trainguard.backends.api import (
     Launch,
     ReplicaExited,
 )
+from trainguard.backends.storage_check import STORAGE_CHECK_ENV
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import (
     plan_replicas,
@@ -123,6 +124,7 @@ class MasterCore:
         self.snapshots = SnapshotKeeper(job_id, log_dir, self.keeper, every, say, clock)
         self.inbox.on_snapshot_stored = self.snapshots.on_snapshot
         self.sdk = SdkServer(self.inbox, new_token())
+        self._storage_check: str | None = None  # the marker in the checkpoint storage
         self.rules()  # load the catalogue now, not on the first failure
         gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
         self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
@@ -155,6 +157,8 @@ class MasterCore:
             "TRAINGUARD_ATTEMPT": str(self.attempt),
             "TRAINGUARD_SNAPSHOT_PERSIST_EVERY": str(self.snapshots.every),
         }
+        if self._storage_check:  # a host that cannot read it back refuses to start
+            channel[STORAGE_CHECK_ENV] = self._storage_check
         name = rep.plan.name
         devices = self.gpus.visible_devices(name)
         return self.launches.build(

@@ -93,7 +93,8 @@ class Exits(MasterCore):
             if isinstance(decision, RestartJob | FailJob):
                 failure, decision = await self._take_root_cause(failure, decision)
             self._record_failure(failure, decision)
-            self.say(f"{failure.replica} failed: {c.message} -> {describe(decision)}")
+            why = failure.classification.message  # the root cause's, not the trigger's
+            self.say(f"{failure.replica} failed: {why} -> {describe(decision)}")
         await self._apply(decision, failure, ev.time_s)
 
     async def _take_root_cause(

@@ -15,6 +15,7 @@ from trainguard.records.checkpoints import (
     entries,
     is_url,
     manifest_of,
+    write_marker,
 )
 from trainguard.records.recorder import Recorder
 from trainguard.spec.models import CheckpointPolicy
@@ -44,6 +45,17 @@ class CheckpointKeeper:
 
     def new_attempt(self, attempt: int) -> None:
         self.attempt, self._best_step = attempt, -1
+
+    def mark(self, token: str) -> bool:
+        """Write the storage marker each host of the job checks before it starts a replica
+        (`checkpoints.marker_problem`); False (and an event) when the master cannot."""
+        try:
+            write_marker(self.storage, token)
+        except Exception as exc:  # a full disk, no permission, an object store refusing
+            why = f"{type(exc).__name__}: {exc}"
+            self.rec.event(self.clock(), None, "checkpoint", f"cannot mark {self.storage}: {why}")
+            return False
+        return True
 
     def seed(self) -> None:
         """`--from-checkpoint`: the given folder becomes a new job's first checkpoint."""

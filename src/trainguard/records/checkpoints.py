@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.backends.storage_check import STORAGE_CHECK
+
 MANIFEST = "trainguard-manifest.json"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 Storage = Path | str  # a folder, or an fsspec URL
@@ -148,6 +150,11 @@ class _Remote:
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+
+def write_marker(storage: Storage, token: str) -> None:
+    """The marker each host of the job reads back (backends.storage_check)."""
+    _store(storage).write(STORAGE_CHECK, token.encode())
 
 
 def _store(storage: Storage) -> _Local | _Remote:

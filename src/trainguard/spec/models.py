@@ -211,6 +211,9 @@ class RayOptions(_Model):
     placement_strategy: Literal["spread", "pack"] = "spread"
     placement_timeout_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
     driver_ip: str | None = None  # the master's own address in the cluster (tests: 127.0.0.1)
+    # A node that answers none of the master's calls for this long is lost: a host cut off
+    # the network stays "alive" in Ray's eyes for ~30 s (its default health check).
+    node_timeout_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
 
     @model_validator(mode="before")
     @classmethod

@@ -254,9 +254,15 @@ class RayBackend:
         """Pull output until the replica exits, or its actor (its node) is gone."""
         lost: str | None = None
         code: int | None = None
+        quiet_s = self._opts.node_timeout_s
         while not run.done.is_set():
             try:
-                data, code = await run.actor.read.remote(_POLL_S)
+                data, code = await asyncio.wait_for(
+                    run.actor.read.remote(_POLL_S), _POLL_S + quiet_s
+                )
+            except TimeoutError:  # a killed node fails the call; a cut-off one never answers
+                lost = f"its node answered no call for {quiet_s:g} s (ray.node_timeout_s)"
+                break
             except Exception as exc:
                 lost = _why(exc)
                 break

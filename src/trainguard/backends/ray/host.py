@@ -16,12 +16,16 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainguard.backends.guardian import Guardian
+from trainguard.backends.storage_check import storage_problem
+
+ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
 
 _PR_SET_PDEATHSIG = 1
 _CHUNK = 64 * 1024
@@ -43,6 +47,19 @@ def _ray_gpu_ids() -> list[Any]:
         return []
 
 
+def _local_stacks_file(env: dict[str, str]) -> str | None:
+    """The replica's stack-dump file: the master's path where this node sees the master's
+    log folder (one machine); else a file of this node's own, which `snapshot` reads here."""
+    path = env.get(ENV_FAULTHANDLER_FILE)
+    if not path or os.path.isdir(os.path.dirname(path)):
+        return None
+    mine = Path(tempfile.gettempdir(), "trainguard-stacks", f"actor-{os.getpid()}")
+    mine.mkdir(parents=True, exist_ok=True)
+    local = mine / f"{Path(path).parent.name}-{Path(path).name}"
+    env[ENV_FAULTHANDLER_FILE] = str(local)
+    return str(local)
+
+
 class ReplicaHost:
     def __init__(self) -> None:
         self._guardian: Guardian | None = None  # kills the replica's group if this actor dies
@@ -50,6 +67,7 @@ class ReplicaHost:
         self._buf = bytearray()
         self._eof = False
         self._cond = threading.Condition()
+        self._stacks: str | None = None  # where its replica dumps stacks, on this node
 
     def where(self) -> dict[str, str]:
         """This node: its Ray id, IP address and host name."""
@@ -67,8 +85,15 @@ class ReplicaHost:
             return int(s.getsockname()[1])
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
-        """Start the replica in its own process group; {"pid": N} or {"error": why}."""
+        """Start the replica in its own process group; {"pid": N} or {"error": why}.
+
+        Refused when this node does not see the job's checkpoint storage (the master's
+        marker): a replica there would find no checkpoint and start again from step 0."""
         env = dict(env)
+        problem = storage_problem(env)
+        if problem:
+            return {"error": problem}
+        self._stacks = _local_stacks_file(env)
         gpus = _ray_gpu_ids()
         if gpus:  # what Ray gave this actor, not what the master's machine has
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -159,6 +184,8 @@ class ReplicaHost:
         """py-spy on this node (the same code as locally), as plain dicts."""
         from trainguard.hangs.snapshot import snapshot_all
 
+        if self._stacks:  # the file is on this node, not where the master keeps its logs
+            files = dict.fromkeys(files, self._stacks)
         snaps = asyncio.run(
             snapshot_all(
                 targets,

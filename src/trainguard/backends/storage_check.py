@@ -1,0 +1,56 @@
+"""Does this host see the job's checkpoint storage? The check a remote host makes before it
+starts a replica (a folder on the master's own disk is empty on every other machine: a
+replica there would find no checkpoint and silently start again from step 0).
+
+The master writes a marker with a random token into the storage at the job's start
+(`records.checkpoints.write_marker`) and hands each replica the token; a host that reads
+the same token back sees the same storage. Standard library and fsspec only: this runs
+on every node, inside the replica host.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+STORAGE_CHECK = ".trainguard-storage-check"
+STORAGE_CHECK_ENV = "TRAINGUARD_STORAGE_CHECK"  # the marker's token, in each replica's env
+CHECKPOINT_DIR_ENV = "TRAINGUARD_CHECKPOINT_DIR"  # = trainguard.sdk.ENV_CHECKPOINT_DIR
+
+
+def _read(storage: str) -> bytes:
+    if "://" not in storage:
+        return (Path(storage) / STORAGE_CHECK).read_bytes()
+    import fsspec  # type: ignore[import-untyped]
+
+    with fsspec.open(f"{storage.rstrip('/')}/{STORAGE_CHECK}", "rb") as fh:
+        return bytes(fh.read())
+
+
+def marker_problem(storage: str, token: str) -> str | None:
+    """None if this host reads back the master's marker; else what it found instead."""
+    try:
+        found = _read(storage)
+    except FileNotFoundError:
+        return "the marker the master wrote there is not there"
+    except Exception as exc:  # any fsspec backend's error: this host cannot read it
+        return f"cannot read it: {type(exc).__name__}: {str(exc)[:200]}"
+    if found.decode(errors="replace") != token:
+        return "it holds another job's marker: not the master's storage"
+    return None
+
+
+def storage_problem(env: Mapping[str, str]) -> str | None:
+    """Why this host cannot use the job's checkpoint storage, in one line; None if it can
+    (or the master asked for no check)."""
+    storage, token = env.get(CHECKPOINT_DIR_ENV), env.get(STORAGE_CHECK_ENV)
+    if not storage or not token:
+        return None
+    why = marker_problem(storage, token)
+    if why is None:
+        return None
+    return (
+        f"host {socket.gethostname()} does not see the checkpoint storage {storage} ({why}): "
+        "set checkpoint.storage to a shared folder or an fsspec URL every host of the job sees"
+    )

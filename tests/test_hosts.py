@@ -1,0 +1,222 @@
+"""A job across hosts that share nothing (tests/hosts.py): 3 network and mount namespaces
+on a bridge, a Ray node in each. The master runs on host 0 (no cpus for replicas: a login
+node); the replicas run on hosts 1 and 2, which see the master's disk only through the
+folder named as shared storage."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, TG, wait_for
+from hosts import Hosts, hosts_on_a_bridge
+from raycluster import RayCluster
+
+torch = pytest.importorskip("torch")  # the torch extra; a base install skips this file
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
+STEPS = ("--steps", "60", "--ckpt-every", "10", "--step-time", "0.1")
+
+
+class World:
+    def __init__(self, hosts: Hosts, cluster: RayCluster) -> None:
+        self.hosts, self.cluster = hosts, cluster
+
+    def master(self, name: str) -> TG:
+        """The CLI on host 0, with its home in that host's own /tmp."""
+        return TG(Path(f"/tmp/tg-home-{name}"), prefix=self.hosts[0].prefix())
+
+    def host_of(self, node_label: str) -> int:
+        """Which host a replica run's `node` ("ip/id-prefix") is on."""
+        ip = node_label.split("/", 1)[0]
+        return next(h.index for h in self.hosts.hosts if h.ip == ip)
+
+    def spec(self, name: str, command: list[str], **extra: Any) -> str:
+        data = {
+            "name": name,
+            "backend": "ray",
+            "ray": {
+                "address": self.cluster.address,
+                "driver_ip": self.hosts[0].ip,
+                "placement_timeout_s": 30,
+                "node_timeout_s": 5,
+            },
+            "worker_pools": [{"replicas": 2, "command": command, "resources": {"cpus": 1}}],
+            **extra,
+        }
+        path = self.hosts.shared / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return str(path)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    with hosts_on_a_bridge(3) as hosts:
+        # Ray's own health check as shipped (a node cut off is listed dead after ~30 s):
+        # trainguard must find a lost node by itself.
+        cluster = RayCluster(hosts.base / "ray", [0, 2, 2], system_config={}, hosts=hosts)
+        try:
+            cluster.start()
+            yield World(hosts, cluster)
+        finally:
+            cluster.stop()
+    assert hosts.leftovers() == []
+
+
+@pytest.fixture
+def w(world: World) -> World:
+    world.cluster.heal()  # a host an earlier test killed or cut off comes back
+    return world
+
+
+def _ddp(w: World, name: str, *extra: str) -> list[str]:
+    out = w.hosts.shared / f"{name}.pt"
+    ckpt = f"/tmp/{name}-ckpt"  # rank 0's own folder on its host; report() commits it
+    return [
+        sys.executable,
+        EXAMPLE,
+        *STEPS,
+        "--report",
+        "--ckpt-dir",
+        ckpt,
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same training, fault-free, on one machine: the weights every recovery must hit."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    out = tmp / "base.pt"
+    args = [*STEPS, "--report", "--ckpt-dir", str(tmp / "ck"), "--out", str(out)]
+    res = TG(tmp / "home")(
+        "run", "--quiet", "--nproc-per-node", "2", "--", sys.executable, EXAMPLE, *args, timeout=180
+    )
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _running(tg: TG, name: str, attempt: int = 0) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        s = tg.status_or_none(name)
+        live = [r for r in (s or {}).get("replicas", []) if r["attempt"] == attempt]
+        return s if s and s["state"] == "RUNNING" and len(live) == 2 else None
+
+    status: dict[str, Any] = wait_for(ready, 120, f"{name} to run")
+    return status
+
+
+def _steps_of(tg: TG, name: str) -> list[tuple[int, float]]:
+    """(step, time) of each step rank 0 printed, over every attempt."""
+    text = tg("logs", name, "--tail", "1000").stdout
+    found = []
+    for line in text.splitlines():
+        if line.startswith("step ") and " t=" in line:
+            found.append((int(line.split()[1]), float(line.rsplit("t=", 1)[1])))
+    return found
+
+
+def _recover(w: World, tg: TG, name: str, fault: str) -> dict[str, float]:
+    """Run the DDP job on hosts 1 and 2, take rank 1's host out at step >= 25 (`fault`:
+    kill or cut), and return how long each part of the recovery took."""
+    job = w.spec(name, _ddp(w, name), checkpoint={"storage": str(w.hosts.shared / f"{name}-ck")})
+    proc = tg.start("run", "--quiet", "-f", job)
+    status = _running(tg, name)
+    where = {r["rank"]: w.host_of(r["node"]) for r in status["replicas"]}
+    assert sorted(where.values()) == [1, 2], status["replicas"]  # not the master's host
+    wait_for(lambda: any(s >= 25 for s, _ in _steps_of(tg, name)), 120, "step 25")
+    victim = w.hosts[where[1]]
+    lost_at = time.time()
+    victim.kill() if fault == "kill" else victim.cut()
+    for node in w.cluster.all_nodes:
+        node.alive = node.alive and node.host is not victim
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    (rec,) = tg.json("records", name)
+    assert rec["failure_class"] == "node_lost", rec
+    assert rec["node"].startswith(victim.ip + "/"), rec  # where it failed
+    assert "excluded from later attempts" in (rec["isolated"] or ""), rec
+    final = tg.json("status", name)
+    assert final["state"] == "SUCCEEDED", final
+    again = [r for r in final["replicas"] if r["attempt"] == 1]
+    assert victim.index not in {w.host_of(r["node"]) for r in again}
+    log = tg("logs", name, "--tail", "1000").stdout
+    reported = [int(s) for s, _ in _steps_of(tg, name) if s % 10 == 0 and s >= 20]
+    assert "resumed from reported checkpoint" in log, log[-2000:]
+    first_after = min(t for s, t in _steps_of(tg, name) if t > lost_at)
+    return {
+        "detected_s": rec["at_s"] - lost_at,
+        "all_running_s": max(r["started_at_s"] for r in again) - lost_at,
+        "first_step_s": first_after - lost_at,
+        "reported": float(max(reported)),
+        **{k: v / 1000 for k, v in rec.items() if k.endswith("_ms") and v is not None},
+    }
+
+
+def test_ddp_survives_the_kill_of_a_host_bit_identical(w: World, baseline: Path) -> None:
+    tg = w.master("kill")
+    took = _recover(w, tg, "kill", "kill")
+    print(f"host killed: {json.dumps({k: round(v, 2) for k, v in took.items()})}")
+    assert _same_weights(baseline, w.hosts.shared / "kill.pt")
+
+
+def test_ddp_survives_a_host_cut_off_the_network(w: World, baseline: Path) -> None:
+    tg = w.master("cut")
+    took = _recover(w, tg, "cut", "cut")
+    print(f"host cut off: {json.dumps({k: round(v, 2) for k, v in took.items()})}")
+    assert _same_weights(baseline, w.hosts.shared / "cut.pt")
+
+
+def test_storage_a_host_cannot_see_fails_before_training(w: World) -> None:
+    """The default storage is a folder on the master's disk: host 1 and 2 see none of it."""
+    tg = w.master("unseen")
+    res = tg("run", "--quiet", "-f", w.spec("unseen", _ddp(w, "unseen")), timeout=180)
+    assert res.returncode != 0
+    status = tg.json("status", "unseen")
+    assert status["state"] == "FAILED"
+    message = status["error_message"] or ""
+    assert "does not see the checkpoint storage" in message, status
+    assert "tg-host-1" in message or "tg-host-2" in message, message
+    assert "/tmp/tg-home-unseen" in message, message
+    assert "step 1 " not in tg("logs", "unseen", "--tail", "50").stdout  # nothing trained
+
+
+def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(w: World, baseline: Path) -> None:
+    """Rank 1 stalls inside step 20 on its host; rank 0 waits for it in the all-reduce. Both
+    stop heartbeating: the hang is found from the silence, the stacks are taken on each
+    rank's own host, rank 1 is named, and the job resumes from the reported checkpoint."""
+    tg = w.master("hang")
+    command = _ddp(w, "hang", "--hang-at-step", "20")
+    storage = {"storage": str(w.hosts.shared / "hang-ck")}
+    job = w.spec("hang", command, checkpoint=storage, fault_tolerance={"job_hang_interval": 5})
+    res = tg("run", "--quiet", "-f", job, timeout=300)
+    assert res.returncode == 0, res.stderr
+    (rec,) = tg.json("records", "hang")
+    assert (rec["failure_class"], rec["replica"]) == ("hang", "worker-1"), rec
+    (snap,) = tg.json("stacks", "hang", "--attempt", "0")
+    assert snap["culprits"] == ["worker-1"], snap["summary"]
+    by_replica = {s["replica"]: s for s in snap["snapshots"]}
+    assert all(s["ok"] for s in by_replica.values()), snap["snapshots"]
+    assert "_stall_forever" in json.dumps(by_replica["worker-1"]), by_replica["worker-1"]
+    states = {r["replica"]: r["state"] for r in snap["report"]["replicas"]}
+    assert states["worker-0"] == "communication", states
+    status = tg.json("status", "hang")
+    nodes = {r["name"]: w.host_of(r["node"]) for r in status["replicas"]}
+    assert sorted(nodes.values()) == [1, 2], nodes  # hosts the master is not on
+    assert "resumed from reported checkpoint" in tg("logs", "hang", "--tail", "200").stdout
+    assert _same_weights(baseline, w.hosts.shared / "hang.pt")
