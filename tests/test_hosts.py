@@ -6,6 +6,8 @@ folder named as shared storage."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -77,6 +79,35 @@ def w(world: World) -> World:
     return world
 
 
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+@pytest.fixture(scope="module")
+def s3(world: World) -> Iterator[str]:
+    """A real S3-compatible server (moto's, as its own process) on host 0, with a bucket;
+    yields its endpoint. Every host reaches it over the bridge, as an object store."""
+    host = world.hosts[0]
+    port = 9000
+    server = host.popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", host.ip, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://{host.ip}:{port}"
+    make = "import fsspec; fsspec.filesystem('s3').mkdir('tg-checkpoints')"
+    env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": endpoint}
+
+    def bucket_made() -> bool:
+        return host.run([sys.executable, "-c", make], env=env).returncode == 0
+
+    try:
+        wait_for(bucket_made, 30, "the S3 server on host 0")
+        yield endpoint
+    finally:
+        server.kill()
+        server.wait()
+
+
 def _ddp(w: World, name: str, *extra: str) -> list[str]:
     out = w.hosts.shared / f"{name}.pt"
     ckpt = f"/tmp/{name}-ckpt"  # rank 0's own folder on its host; report() commits it
@@ -111,10 +142,13 @@ def _same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def _running(tg: TG, name: str, attempt: int = 0) -> dict[str, Any]:
+def _running(tg: TG, name: str, proc: subprocess.Popen[str]) -> dict[str, Any]:
     def ready() -> dict[str, Any] | None:
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"the master of {name} ended ({proc.returncode}): {err}")
         s = tg.status_or_none(name)
-        live = [r for r in (s or {}).get("replicas", []) if r["attempt"] == attempt]
+        live = [r for r in (s or {}).get("replicas", []) if r["attempt"] == 0]
         return s if s and s["state"] == "RUNNING" and len(live) == 2 else None
 
     status: dict[str, Any] = wait_for(ready, 120, f"{name} to run")
@@ -131,12 +165,12 @@ def _steps_of(tg: TG, name: str) -> list[tuple[int, float]]:
     return found
 
 
-def _recover(w: World, tg: TG, name: str, fault: str) -> dict[str, float]:
+def _recover(w: World, tg: TG, name: str, fault: str, storage: str) -> dict[str, float]:
     """Run the DDP job on hosts 1 and 2, take rank 1's host out at step >= 25 (`fault`:
     kill or cut), and return how long each part of the recovery took."""
-    job = w.spec(name, _ddp(w, name), checkpoint={"storage": str(w.hosts.shared / f"{name}-ck")})
+    job = w.spec(name, _ddp(w, name), checkpoint={"storage": storage})
     proc = tg.start("run", "--quiet", "-f", job)
-    status = _running(tg, name)
+    status = _running(tg, name, proc)
     where = {r["rank"]: w.host_of(r["node"]) for r in status["replicas"]}
     assert sorted(where.values()) == [1, 2], status["replicas"]  # not the master's host
     wait_for(lambda: any(s >= 25 for s, _ in _steps_of(tg, name)), 120, "step 25")
@@ -170,14 +204,16 @@ def _recover(w: World, tg: TG, name: str, fault: str) -> dict[str, float]:
 
 def test_ddp_survives_the_kill_of_a_host_bit_identical(w: World, baseline: Path) -> None:
     tg = w.master("kill")
-    took = _recover(w, tg, "kill", "kill")
+    took = _recover(w, tg, "kill", "kill", str(w.hosts.shared / "kill-ck"))
     print(f"host killed: {json.dumps({k: round(v, 2) for k, v in took.items()})}")
     assert _same_weights(baseline, w.hosts.shared / "kill.pt")
 
 
-def test_ddp_survives_a_host_cut_off_the_network(w: World, baseline: Path) -> None:
+def test_ddp_survives_a_host_cut_off_the_network(w: World, baseline: Path, s3: str) -> None:
+    """With the checkpoints in an S3 bucket (a moto server on host 0) this time."""
     tg = w.master("cut")
-    took = _recover(w, tg, "cut", "cut")
+    tg.env.update(S3_ENV, AWS_ENDPOINT_URL=s3)
+    took = _recover(w, tg, "cut", "cut", "s3://tg-checkpoints/cut")
     print(f"host cut off: {json.dumps({k: round(v, 2) for k, v in took.items()})}")
     assert _same_weights(baseline, w.hosts.shared / "cut.pt")
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import signal
+import socket
+import sys
 import time
+from pathlib import Path
 
 from conftest import alive, child
 
 from trainguard.backends.ray.backend import bundle_of
-from trainguard.backends.ray.host import ReplicaHost
+from trainguard.backends.ray.host import ENV_FAULTHANDLER_FILE, ReplicaHost
+from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.classes import ExitEvidence, FailureClass
 from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import RestartJob, decide_failure
+from trainguard.records.checkpoints import write_marker
 from trainguard.spec.models import FaultTolerance, Resources
 
 
@@ -77,3 +82,52 @@ def test_a_lost_node_is_retryable_on_its_own_budget() -> None:
     # A stop on its way when the node died does not make the loss the master's doing.
     stopped = classify_exit(ExitEvidence("worker-1", None, stop_requested=True, node_lost="x"))
     assert stopped.failure_class is FailureClass.NODE_LOST
+
+
+def test_a_host_that_does_not_see_the_storage_refuses_to_start(tmp_path: Path) -> None:
+    """The master's marker missing (a folder on another machine's disk) or another job's:
+    no replica starts there, and the error names this host and the storage."""
+    storage = tmp_path / "ck"
+    env = {CHECKPOINT_DIR_ENV: str(storage), STORAGE_CHECK_ENV: "tg-token-1"}
+    host = ReplicaHost()
+    err = host.start(child("*:print:trained"), env, "/")["error"]
+    assert f"host {socket.gethostname()} does not see the checkpoint storage {storage}" in err
+    assert "marker the master wrote there is not there" in err
+    write_marker(storage, "tg-token-2")
+    assert "another job's marker" in host.start(child("*:print:trained"), env, "/")["error"]
+    write_marker(storage, "tg-token-1")
+    assert "pid" in host.start(child("*:print:trained"), env, "/")
+    out, code = _drain(host)
+    host.close()
+    assert (out, code) == (b"trained\n", 0)
+
+
+def test_stacks_go_to_a_file_on_the_node_when_the_masters_folder_is_not_there(
+    tmp_path: Path,
+) -> None:
+    """The master's log folder exists on its own machine only: a replica elsewhere dumps
+    its stacks into a file of its node, and snapshots read that one."""
+    where = tmp_path / "out.txt"
+    script = f"import os; open({str(where)!r}, 'w').write(os.environ['{ENV_FAULTHANDLER_FILE}'])"
+    host = ReplicaHost()
+    gone = "/nonexistent-master-logs/attempt-0/worker-1.stacks.txt"
+    host.start([sys.executable, "-c", script], {ENV_FAULTHANDLER_FILE: gone}, "/")
+    _drain(host)
+    local = where.read_text()
+    assert local != gone and local.endswith("attempt-0-worker-1.stacks.txt")
+    assert Path(local).parent.is_dir()
+    here = tmp_path / "attempt-0" / "worker-0.stacks.txt"
+    here.parent.mkdir()
+    host.start([sys.executable, "-c", script], {ENV_FAULTHANDLER_FILE: str(here)}, "/")
+    _drain(host)
+    host.close()
+    assert where.read_text() == str(here)  # one machine: the master's own file
+
+
+def test_the_hosts_names_for_the_sdks_variables_are_the_sdks() -> None:
+    from trainguard import sdk
+
+    assert (ENV_FAULTHANDLER_FILE, CHECKPOINT_DIR_ENV) == (
+        sdk.ENV_FAULTHANDLER_FILE,
+        sdk.ENV_CHECKPOINT_DIR,
+    )

@@ -208,8 +208,7 @@ class RayBackend:
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            await self._start_one(launch)
+        await asyncio.gather(*(self._start_one(launch) for launch in launches))
 
     async def _start_one(self, launch: Launch) -> None:
         actor = self._actors[launch.replica]
