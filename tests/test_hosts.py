@@ -256,3 +256,39 @@ def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(w: World, baseline:
     assert sorted(nodes.values()) == [1, 2], nodes  # hosts the master is not on
     assert "resumed from reported checkpoint" in tg("logs", "hang", "--tail", "200").stdout
     assert _same_weights(baseline, w.hosts.shared / "hang.pt")
+
+
+def _kill_to_step(tg: TG, name: str) -> float:
+    """Seconds from rank 1's self-inflicted SIGKILL to the first step of the next attempt
+    (the times the replicas printed: bench/recovery.py's measure)."""
+    killed = tg("logs", name, "--replica", "worker-1", "--attempt", "0").stdout
+    fault_t = float(killed.split("SIGKILLs itself t=", 1)[1].split()[0])
+    first = min(t for _, t in _steps_of(tg, name) if t > fault_t)
+    return first - fault_t
+
+
+def test_a_restart_on_the_surviving_nodes_forks_from_their_zygotes(
+    w: World, tmp_path: Path
+) -> None:
+    """Rank 1 dies (its process, not its host): both nodes survive, the restart reuses
+    the placement and forks each rank from its node's zygote, which outlived the attempt.
+    Measured against the same restart on one machine, warm, in the same test."""
+    local = TG(tmp_path / "home")
+    argv = [*STEPS, "--report", "--crash-at-step", "20", "--ckpt-dir", str(tmp_path / "ck")]
+    res = local("run", "--quiet", "--nproc-per-node", "2", "--", sys.executable, EXAMPLE, *argv)
+    assert res.returncode == 0, res.stderr
+    local_s = _kill_to_step(local, local.json("jobs")[0]["id"])
+    tg = w.master("warm")
+    storage = {"storage": str(w.hosts.shared / "warm-ck")}
+    job = w.spec("warm", _ddp(w, "warm", "--crash-at-step", "20"), checkpoint=storage)
+    res = tg("run", "--quiet", "-f", job, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ray_s = _kill_to_step(tg, "warm")
+    notes = [n for n in res.stderr.splitlines() if any(w in n for w in ("warm", "cold", "fork"))]
+    print(f"kill -> first step: one machine, warm {local_s:.2f} s; on two hosts {ray_s:.2f} s")
+    print("\n".join(notes))
+    (rec,) = tg.json("records", "warm")
+    assert rec["failure_class"] != "node_lost", rec
+    assert sum("imported once" in n for n in notes) == 2, notes  # a zygote on each node
+    assert any("attempt 1: 2 of 2 replicas forked from their node's zygote" in n for n in notes)
+    assert ray_s <= 2 * local_s + 0.5, (ray_s, local_s)

@@ -154,7 +154,7 @@ def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
 
         res = {pool.role: pool.resources for pool in spec.worker_pools}
         needs = {p.name: res[p.role] for p in plan_replicas(spec)}
-        backend = RayBackend(needs, spec.ray, tee=tee)
+        backend = RayBackend(needs, spec.ray, tee=tee, preload=spec.preload)
     else:
         backend = LocalBackend(tee=tee, preload=spec.preload)
     if preset(spec.framework).launcher == "mpi":

@@ -26,6 +26,7 @@ from trainguard.backends.api import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
+from trainguard.backends.local.preload_plan import resolve
 from trainguard.backends.output import RunOutput
 from trainguard.backends.ray.host import ReplicaHost
 from trainguard.hangs.stack_model import ReplicaSnapshot
@@ -71,15 +72,15 @@ class _Run:
 
 
 class RayBackend:
-    warm_start_notes: Sequence[str] = ()  # no warm start on Ray (yet)
-
     def __init__(
         self,
         needs: Mapping[str, Resources],
         options: RayOptions,
         tee: TextIO | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
-        """`needs`: each replica's resources, in rank order (bundle i is rank i)."""
+        """`needs`: each replica's resources, in rank order (bundle i is rank i);
+        `preload`: what each node's zygote imports (the warm start, as locally)."""
         self._needs = dict(needs)
         self._opts = options
         self._tee = tee
@@ -92,6 +93,12 @@ class RayBackend:
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_output_s = 0.0
         self._ray: Any = None
+        self._stale = False  # the placement lost a node: the next attempt is placed anew
+        self._warm = _NodeZygotes(preload)
+
+    @property
+    def warm_start_notes(self) -> Sequence[str]:
+        return self._warm.notes
 
     # -------------------------------------------------------------- connect & place
 
@@ -129,7 +136,11 @@ class RayBackend:
     async def rendezvous(self) -> tuple[str, int]:
         """A new placement group and actors for the attempt; rank 0's node and a port."""
         ray = await asyncio.to_thread(self._connect)
+        again = await self._same_placement()
+        if again is not None:
+            return again
         await self._release()
+        self._stale = False
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -183,6 +194,19 @@ class RayBackend:
             raise NoCapacity("rank 0's actor did not answer within 10 s") from None
         return wheres[0]["ip"], int(port)
 
+    async def _same_placement(self) -> tuple[str, int] | None:
+        """Rank 0's node and a new port where the last attempt's placement still holds
+        (no node lost): the same actors host the restart, with no new placement group and
+        no new worker processes, and each node's zygote forks at once."""
+        if self._pg is None or not self._actors or self._stale:
+            return None
+        name, first = next(iter(self._actors.items()))
+        try:
+            port = await _bounded(first.free_port.remote(), _CALL_S)
+        except Exception:  # rank 0's actor is gone: place anew
+            return None
+        return self._nodes[name]["ip"], int(port)
+
     async def _release(self) -> None:
         """Kill the last attempt's actors (their replicas die with them) and free its group.
 
@@ -208,18 +232,25 @@ class RayBackend:
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:
-        await asyncio.gather(*(self._start_one(launch) for launch in launches))
+        await self._warm.plan(self._ray, launches, self._nodes)
+        forked = await asyncio.gather(*(self._start_one(launch) for launch in launches))
+        if launches:
+            self._warm.started(launches[0].attempt, sum(forked), len(launches))
 
-    async def _start_one(self, launch: Launch) -> None:
+    async def _start_one(self, launch: Launch) -> bool:
+        """Start one replica through its actor; True if it forked from a zygote."""
         actor = self._actors[launch.replica]
         node = self._nodes[launch.replica]
         run = _Run(launch, actor, node, self._tee, self._on_output)
+        zygote = self._warm.ready_on(node["node_id"])
         try:
             info = await _bounded(
-                actor.start.remote(list(launch.argv), launch.env, launch.cwd), _CALL_S
+                actor.start.remote(list(launch.argv), launch.env, launch.cwd, zygote), _CALL_S
             )
         except Exception as exc:
             info = {"lost": _why(exc)}
+        if info.get("cold"):
+            self._warm.cold(launch.replica, info["cold"])
         if "pid" not in info:
             run.output.close()
             ev = ExitEvidence(
@@ -231,7 +262,7 @@ class RayBackend:
             self._emit(
                 ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, _now())
             )
-            return
+            return False
         run.pid = int(info["pid"])
         self._runs[launch.replica] = run
         self._emit(
@@ -242,6 +273,7 @@ class RayBackend:
         task = asyncio.create_task(self._pump(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return not info.get("cold")
 
     def _on_output(self, run: _Run, first: bool) -> None:
         self._last_output_s = _now()
@@ -281,6 +313,7 @@ class RayBackend:
             del self._runs[la.replica]
         run.done.set()
         lost_on = None if lost is None else f"{lost} (node {_label(run.node)})"
+        self._stale = self._stale or lost is not None
         self._emit(
             ReplicaExited.of(
                 la,
@@ -336,6 +369,7 @@ class RayBackend:
             await asyncio.wait(list(self._tasks))
         if self._ray is not None:
             await self._release()
+            await self._warm.close(self._ray)
             await asyncio.to_thread(self._ray.shutdown)
             self._ray = None
 
@@ -349,6 +383,7 @@ class RayBackend:
             return None
         why = f"node {_label(node)} was lost under {replica}"
         self._excluded[node["node_id"]] = why
+        self._stale = True
         return f"{why}: excluded from later attempts"
 
     async def snapshot(
@@ -374,6 +409,105 @@ class RayBackend:
                 return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
 
         return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
+
+
+class _NodeZygotes:
+    """The warm start on Ray: a `NodeZygote` actor on each node the job has used, made in
+    the background at the node's first placement (that attempt starts cold), kept until
+    the job ends, so a restart on a surviving node forks from it."""
+
+    def __init__(self, preload: Sequence[str]) -> None:
+        self._preload = tuple(preload)
+        self._planned = False
+        self._modules: list[str] = []
+        self._env: dict[str, str] = {}
+        self._distributed = False
+        self._actors: dict[str, Any] = {}  # node id -> its NodeZygote actor
+        self._ready: dict[str, asyncio.Task[None]] = {}
+        self._usable: set[str] = set()  # node ids whose zygote has imported
+        self.notes: list[str] = []
+        self._said: set[tuple[str, str]] = set()
+
+    async def plan(
+        self, ray: Any, launches: Sequence[Launch], nodes: Mapping[str, Mapping[str, str]]
+    ) -> None:
+        """At the first start, what to import (`auto`: what the program needs); at every
+        start, a zygote for each node of the placement that has none."""
+        if not launches:
+            return
+        if not self._planned:
+            self._planned = True
+            first = launches[0]
+            self._modules = await asyncio.to_thread(
+                resolve, self._preload, first.argv, first.cwd, first.env.get("PATH")
+            )
+            common = dict(first.env)
+            for launch in launches[1:]:
+                common = {k: v for k, v in common.items() if launch.env.get(k) == v}
+            self._env, self._distributed = common, len(launches) > 1
+        if not self._modules:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from trainguard.backends.ray.node_zygote import NodeZygote
+
+        for node in {n["node_id"]: n for n in nodes.values()}.values():
+            node_id = node["node_id"]
+            if node_id in self._actors:
+                continue
+            actor = (
+                ray.remote(NodeZygote)
+                .options(
+                    num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote()
+            )
+            self._actors[node_id] = actor
+            self._ready[node_id] = asyncio.create_task(self._warm_up(node_id, _label(node), actor))
+
+    async def _warm_up(self, node_id: str, label: str, actor: Any) -> None:
+        try:
+            said = await actor.ready.remote(self._modules, self._env, self._distributed)
+        except Exception as exc:
+            said = {"error": _why(exc)}
+        if "error" in said:
+            self.notes.append(f"warm start off on node {label}: {said['error']}")
+            return
+        self._usable.add(node_id)
+        self.notes.append(
+            f"warm start on node {label}: {', '.join(self._modules)} imported once in "
+            f"{said['import_s']:.2f} s; replicas placed there again fork from it"
+        )
+
+    def ready_on(self, node_id: str) -> Any:
+        """The node's zygote actor if it has imported (else the replica starts cold)."""
+        return self._actors[node_id] if node_id in self._usable else None
+
+    def started(self, attempt: int, forked: int, of: int) -> None:
+        if self._modules:
+            self.notes.append(
+                f"attempt {attempt}: {forked} of {of} replicas forked from their node's zygote"
+            )
+
+    def cold(self, replica: str, why: str) -> None:
+        if self._modules and (replica, why) not in self._said:
+            self._said.add((replica, why))
+            self.notes.append(f"{replica} starts cold: {why}")
+
+    async def close(self, ray: Any) -> None:
+        for task in self._ready.values():
+            task.cancel()
+        actors, self._actors = list(self._actors.values()), {}
+        self._usable.clear()
+
+        def kill() -> None:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+
+        with contextlib.suppress(TimeoutError):
+            await _bounded(asyncio.to_thread(kill), _CALL_S)
 
 
 async def _bounded(aw: Any, timeout_s: float) -> Any:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,8 @@ def _local_stacks_file(env: dict[str, str]) -> str | None:
 class ReplicaHost:
     def __init__(self) -> None:
         self._guardian: Guardian | None = None  # kills the replica's group if this actor dies
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._wait: Callable[[float], int | None] = lambda _t: None  # its exit status
         self._buf = bytearray()
         self._eof = False
         self._cond = threading.Condition()
@@ -84,8 +85,12 @@ class ReplicaHost:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
-        """Start the replica in its own process group; {"pid": N} or {"error": why}.
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, zygote: Any = None
+    ) -> dict[str, Any]:
+        """Start the replica in its own process group, forked from the node's `zygote`
+        (a `NodeZygote` actor) where it may be; {"pid": N, "cold": why-not-forked},
+        or {"error": why}.
 
         Refused when this node does not see the job's checkpoint storage (the master's
         marker): a replica there would find no checkpoint and start again from step 0."""
@@ -100,8 +105,21 @@ class ReplicaHost:
         with self._cond:
             self._buf.clear()
             self._eof = False
+        cold = "no preload process on this node" if zygote is None else None
+        info = self._fork(zygote, argv, env, cwd) if zygote is not None else {}
+        if "pid" not in info and "error" not in info:
+            cold = info.get("cold", cold)
+            info = self._spawn(argv, env, cwd)
+        if "pid" not in info:
+            return info
+        if self._guardian is None:
+            self._guardian = Guardian()
+        self._guardian.watch(int(info["pid"]))  # PDEATHSIG reaches only the direct child
+        return {**info, "cold": cold}
+
+    def _spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> dict[str, Any]:
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -117,35 +135,76 @@ class ReplicaHost:
             return {"error": f"{where} not found on this node: {what!r}"}
         except OSError as exc:
             return {"error": f"cannot start {argv[0]!r}: {exc.strerror or exc}"}
-        if self._guardian is None:
-            self._guardian = Guardian()
-        self._guardian.watch(self._proc.pid)  # PDEATHSIG reaches only the direct child
-        threading.Thread(target=self._pump, args=(self._proc,), daemon=True).start()
-        return {"pid": self._proc.pid}
-
-    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        while True:
+        self._pid = proc.pid
+
+        def wait(timeout_s: float) -> int | None:
             try:
-                data = os.read(fd, _CHUNK)
-            except OSError:
-                data = b""
-            with self._cond:
-                if data:
-                    self._buf += data
-                else:
-                    self._eof = True
-                self._cond.notify_all()
-            if not data:
-                proc.stdout.close()
-                return
+                return proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+
+        self._wait = wait
+        self._pump_from(proc.stdout.fileno(), proc.stdout.close)
+        return {"pid": proc.pid}
+
+    def _fork(
+        self, zygote: Any, argv: Sequence[str], env: dict[str, str], cwd: str
+    ) -> dict[str, Any]:
+        """Ask the node's zygote to fork the replica; its output comes through a FIFO."""
+        import ray
+
+        fifo = Path(tempfile.mkdtemp(prefix="trainguard-out-")) / "out"
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open before the writer: no block
+        try:
+            info: dict[str, Any] = ray.get(zygote.spawn.remote(list(argv), env, cwd, str(fifo)))
+        except Exception as exc:  # the zygote's actor is gone: start the ordinary way
+            info = {"cold": f"the node's preload process is gone ({type(exc).__name__})"}
+        finally:
+            fifo.unlink()
+            fifo.parent.rmdir()
+        if "pid" not in info:
+            os.close(fd)
+            return info
+        pid = self._pid = int(info["pid"])
+        os.set_blocking(fd, True)
+
+        def wait(timeout_s: float) -> int | None:
+            try:
+                code = ray.get(zygote.exit_code.remote(pid, timeout_s))
+            except Exception:  # its zygote (and with it the replica) is gone
+                return -signal.SIGKILL
+            return None if code is None else int(code)
+
+        self._wait = wait
+        self._pump_from(fd, lambda: os.close(fd))
+        return info
+
+    def _pump_from(self, fd: int, close: Callable[[], None]) -> None:
+        def pump() -> None:
+            while True:
+                try:
+                    data = os.read(fd, _CHUNK)
+                except OSError:
+                    data = b""
+                with self._cond:
+                    if data:
+                        self._buf += data
+                    else:
+                        self._eof = True
+                    self._cond.notify_all()
+                if not data:
+                    close()
+                    return
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def read(self, timeout_s: float) -> tuple[bytes, int | None]:
         """What it printed since the last read (waiting up to `timeout_s` for something),
         and its exit status once it has exited and everything was read."""
-        proc = self._proc
-        if proc is None:
+        pid = self._pid
+        if pid is None:
             return b"", None
         with self._cond:
             self._cond.wait_for(lambda: bool(self._buf) or self._eof, timeout_s)
@@ -153,13 +212,12 @@ class ReplicaHost:
             eof = self._eof
         if data or not eof:
             return data, None
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        code = self._wait(timeout_s)
+        if code is None:
             return b"", None  # it closed its output but still runs
         self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
         if self._guardian is not None:
-            self._guardian.forget(proc.pid)
+            self._guardian.forget(pid)
         return b"", code
 
     def close(self) -> None:
@@ -169,11 +227,11 @@ class ReplicaHost:
             self._guardian = None
 
     def signal(self, signum: int) -> bool:
-        proc = self._proc
-        if proc is None:
+        pid = self._pid
+        if pid is None:
             return False
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(pid, signum)
         except (ProcessLookupError, PermissionError):
             return False
         return True
