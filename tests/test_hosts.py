@@ -291,4 +291,4 @@ def test_a_restart_on_the_surviving_nodes_forks_from_their_zygotes(
     assert rec["failure_class"] != "node_lost", rec
     assert sum("imported once" in n for n in notes) == 2, notes  # a zygote on each node
     assert any("attempt 1: 2 of 2 replicas forked from their node's zygote" in n for n in notes)
-    assert ray_s <= 2 * local_s + 0.5, (ray_s, local_s)
+    assert ray_s <= 2 * local_s + 0.3, (ray_s, local_s)  # slack for a busy 2-core machine

@@ -80,7 +80,7 @@ class WarmStart:
         """The launches, each torch one told to connect to the keeper's store where the
         keeper holds its endpoint. The first attempt's endpoint was drawn before the zygote
         existed: the keeper opens a store there now (if the port is still free)."""
-        endpoints = {e for e in map(_torch_endpoint, launches) if e is not None}
+        endpoints = {e for e in map(torch_endpoint, launches) if e is not None}
         for endpoint in sorted(endpoints - self._hosted):  # once each, not once per rank
             if self.keeper is None:
                 break
@@ -96,7 +96,7 @@ class WarmStart:
             )
         return [
             replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
-            if _torch_endpoint(launch) in self._hosted
+            if torch_endpoint(launch) in self._hosted
             else launch
             for launch in launches
         ]
@@ -130,7 +130,7 @@ class WarmStart:
             self.zygote = None
 
 
-def _torch_endpoint(launch: Launch) -> tuple[str, int] | None:
+def torch_endpoint(launch: Launch) -> tuple[str, int] | None:
     """(MASTER_ADDR, MASTER_PORT) of a launch the pytorch preset made, else None."""
     env = launch.env
     if "TORCHELASTIC_RUN_ID" not in env or "MASTER_ADDR" not in env:

@@ -15,6 +15,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,6 +28,7 @@ from trainguard.backends.api import (
     ReplicaStarted,
 )
 from trainguard.backends.local.preload_plan import resolve
+from trainguard.backends.local.warm_start import AGENT_STORE_ENV, torch_endpoint
 from trainguard.backends.output import RunOutput
 from trainguard.backends.ray.host import ReplicaHost
 from trainguard.hangs.stack_model import ReplicaSnapshot
@@ -189,10 +191,10 @@ class RayBackend:
         self._nodes = dict(zip(self._actors, wheres, strict=True))
         first = next(iter(self._actors.values()))
         try:
-            port = await _bounded(first.free_port.remote(), _CALL_S)
+            port = await self._rank0_port(first, wheres[0])
         except TimeoutError:
             raise NoCapacity("rank 0's actor did not answer within 10 s") from None
-        return wheres[0]["ip"], int(port)
+        return wheres[0]["ip"], port
 
     async def _same_placement(self) -> tuple[str, int] | None:
         """Rank 0's node and a new port where the last attempt's placement still holds
@@ -202,10 +204,18 @@ class RayBackend:
             return None
         name, first = next(iter(self._actors.items()))
         try:
-            port = await _bounded(first.free_port.remote(), _CALL_S)
+            port = await self._rank0_port(first, self._nodes[name])
         except Exception:  # rank 0's actor is gone: place anew
             return None
-        return self._nodes[name]["ip"], int(port)
+        return self._nodes[name]["ip"], port
+
+    async def _rank0_port(self, actor: Any, node: Mapping[str, str]) -> int:
+        """MASTER_PORT on rank 0's node: where its zygote's keeper holds a store already
+        listening, if it can; else a free port there (rank 0 hosts the store)."""
+        port = await self._warm.store_port(node)
+        if port is not None:
+            return port
+        return int(await _bounded(actor.free_port.remote(), _CALL_S))
 
     async def _release(self) -> None:
         """Kill the last attempt's actors (their replicas die with them) and free its group.
@@ -233,6 +243,7 @@ class RayBackend:
 
     async def start(self, launches: Sequence[Launch]) -> None:
         await self._warm.plan(self._ray, launches, self._nodes)
+        launches = self._warm.with_hosted_store(launches)
         forked = await asyncio.gather(*(self._start_one(launch) for launch in launches))
         if launches:
             self._warm.started(launches[0].attempt, sum(forked), len(launches))
@@ -427,6 +438,7 @@ class _NodeZygotes:
         self._usable: set[str] = set()  # node ids whose zygote has imported
         self.notes: list[str] = []
         self._said: set[tuple[str, str]] = set()
+        self._hosted: set[tuple[str, int]] = set()  # (ip, port) of stores a keeper holds
 
     async def plan(
         self, ray: Any, launches: Sequence[Launch], nodes: Mapping[str, Mapping[str, str]]
@@ -480,6 +492,30 @@ class _NodeZygotes:
             f"{said['import_s']:.2f} s; replicas placed there again fork from it"
         )
 
+    async def store_port(self, node: Mapping[str, str]) -> int | None:
+        """A port where the zygote of `node` (rank 0's) holds a fresh rendezvous store."""
+        zygote = self.ready_on(node["node_id"])
+        if zygote is None:
+            return None
+        try:
+            port = await _bounded(zygote.open_store.remote(node["ip"]), _CALL_S)
+        except Exception:
+            port = None
+        if port is None:
+            self._say_once("", "rank 0 hosts the rendezvous store: its node's keeper failed")
+            return None
+        self._hosted.add((node["ip"], int(port)))
+        return int(port)
+
+    def with_hosted_store(self, launches: Sequence[Launch]) -> list[Launch]:
+        """The launches, each torch one told its store is held (torchrun's agent store)."""
+        return [
+            replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
+            if torch_endpoint(launch) in self._hosted
+            else launch
+            for launch in launches
+        ]
+
     def ready_on(self, node_id: str) -> Any:
         """The node's zygote actor if it has imported (else the replica starts cold)."""
         return self._actors[node_id] if node_id in self._usable else None
@@ -491,9 +527,12 @@ class _NodeZygotes:
             )
 
     def cold(self, replica: str, why: str) -> None:
-        if self._modules and (replica, why) not in self._said:
-            self._said.add((replica, why))
-            self.notes.append(f"{replica} starts cold: {why}")
+        self._say_once(replica, f"{replica} starts cold: {why}")
+
+    def _say_once(self, about: str, note: str) -> None:
+        if self._modules and (about, note) not in self._said:
+            self._said.add((about, note))
+            self.notes.append(note)
 
     async def close(self, ray: Any) -> None:
         for task in self._ready.values():

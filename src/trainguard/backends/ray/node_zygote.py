@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainguard.backends.local.python_cmd import parse, startup_env_differs
+from trainguard.backends.local.store_keeper import KeeperError, StoreKeeper
 from trainguard.backends.local.zygote import Zygote, ZygoteError
 
 
 class NodeZygote:
     def __init__(self) -> None:
         self._zygote: Zygote | None = None
+        self._keeper: StoreKeeper | None = None  # holds the rendezvous stores of rank 0 here
         self._exits: dict[int, int] = {}
         self._exited: dict[int, asyncio.Event] = {}  # pid -> set when it has exited
 
@@ -67,6 +69,20 @@ class NodeZygote:
         finally:
             os.close(fd)
 
+    async def open_store(self, host: str) -> int | None:
+        """A port on `host` where a fresh rendezvous store already listens (the keeper,
+        forked from the zygote, as locally: no rank is refused while rank 0 starts);
+        None where there is no zygote or the keeper failed (rank 0 hosts it)."""
+        zygote = self._zygote
+        if zygote is None or not zygote.alive:
+            return None
+        try:
+            if self._keeper is None or not self._keeper.alive:
+                self._keeper = await zygote.keeper()
+            return await self._keeper.open(host)
+        except (ZygoteError, KeeperError):
+            return None
+
     async def exit_code(self, pid: int, timeout_s: float) -> int | None:
         """The exit status of a replica it forked, waiting up to `timeout_s`; None if it
         still runs."""
@@ -77,6 +93,9 @@ class NodeZygote:
         return self._exits.pop(pid, None)
 
     async def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None
