@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests drive for real: PostgreSQL (a private server is
-# started by tests/postgres.py) and Chromium (the web page's browser tests). Safe to run
-# again: does nothing when they are there. Needs root or sudo on a fresh machine.
+# started by tests/postgres.py), Chromium (the web page's browser tests), and iproute2 and
+# util-linux (tests/hosts.py: hosts that share nothing, in network and mount namespaces).
+# Safe to run again: does nothing when they are there. Needs root or sudo on a fresh machine.
 set -euo pipefail
 shopt -s nullglob
 need=()
@@ -9,6 +10,8 @@ initdb=(/usr/lib/postgresql/*/bin/initdb)
 [ "${#initdb[@]}" -gt 0 ] || need+=(postgresql)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+command -v ip >/dev/null || need+=(iproute2)
+command -v nsenter >/dev/null || need+=(util-linux)
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi

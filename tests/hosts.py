@@ -23,6 +23,7 @@ import contextlib
 import ipaddress
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -147,7 +148,7 @@ class Hosts:
     visible: tuple[Path, ...] = ()
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tg-hosts-")))
     hosts: list[Host] = field(default_factory=list)
-    tag: str = field(default_factory=lambda: f"{os.getpid() % 100000:05d}")
+    tag: str = field(default_factory=lambda: str(os.getpid()))  # names: tgb<pid>, tg<pid>h<i>
 
     @property
     def shared(self) -> Path:
@@ -162,6 +163,7 @@ class Hosts:
 
     def start(self) -> None:
         require_hosts()
+        sweep()
         net = _free_subnet()
         addrs = list(net.hosts())
         self.shared.mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,28 @@ class Hosts:
         found = [w for w in (self.bridge, *(h.link for h in self.hosts)) if f" {w}" in out]
         found += [h.netns for h in self.hosts if h.netns in ns]
         return found + ([str(self.base)] if self.base.exists() else [])
+
+
+_NAME = re.compile(r"^(?:tgb(\d+)|tgv?(\d+)h\d+)$")  # a bridge, a netns or a link
+
+
+def sweep() -> list[str]:
+    """Remove what a harness killed before its teardown left (its namespaces and links
+    carry its pid, which is gone); returns what it removed."""
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = [w.split("@")[0] for w in ns] + [
+        line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line
+    ]
+    gone = []
+    for name in names:
+        m = _NAME.match(name)
+        if m and not Path(f"/proc/{m[1] or m[2]}").exists():
+            kind = "netns" if name in ns else "link"
+            with contextlib.suppress(RuntimeError):
+                _sh("ip", kind, "delete", name)
+                gone.append(name)
+    return gone
 
 
 def _repo() -> Path:

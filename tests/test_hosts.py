@@ -79,6 +79,42 @@ def w(world: World) -> World:
     return world
 
 
+def test_the_hosts_share_nothing_but_the_shared_folder(world: World) -> None:
+    h1, h2 = world.hosts[1], world.hosts[2]
+    assert h1.run(["hostname"]).stdout.strip() == "tg-host-1"
+    assert (
+        h1.run(
+            ["sh", "-c", "echo mine > /tmp/private; echo ours > $0/common", str(world.hosts.shared)]
+        ).returncode
+        == 0
+    )
+    assert h2.run(["cat", "/tmp/private"]).returncode != 0  # its own /tmp
+    assert h1.outside("/tmp/private").read_text() == "mine\n"
+    assert h2.run(["cat", str(world.hosts.shared / "common")]).stdout == "ours\n"
+    serve = "import socket,sys; s=socket.create_server((sys.argv[1], 7777)); s.accept()"
+    reach = "import socket,sys; socket.create_connection((sys.argv[1], 7777), timeout=2)"
+    server = h1.popen([sys.executable, "-c", serve, "127.0.0.1"])
+    try:
+        time.sleep(0.5)
+        # h1's loopback is its own: nothing listens on h2's.
+        assert h2.run([sys.executable, "-c", reach, "127.0.0.1"]).returncode != 0
+    finally:
+        server.kill()
+        server.wait()
+    server = h1.popen([sys.executable, "-c", serve, "0.0.0.0"])
+    try:
+        time.sleep(0.5)
+        h1.cut()
+        assert h2.run([sys.executable, "-c", reach, "tg-host-1"]).returncode != 0  # cut off
+        h1.mend()
+        assert h2.run([sys.executable, "-c", reach, "tg-host-1"]).returncode == 0  # its name
+    finally:
+        if h1.cut_off:
+            h1.mend()
+        server.kill()
+        server.wait()
+
+
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import socket
 import sys
@@ -12,6 +14,7 @@ from conftest import alive, child
 
 from trainguard.backends.ray.backend import bundle_of
 from trainguard.backends.ray.host import ENV_FAULTHANDLER_FILE, ReplicaHost
+from trainguard.backends.ray.node_zygote import NodeZygote
 from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.classes import ExitEvidence, FailureClass
@@ -131,3 +134,36 @@ def test_the_hosts_names_for_the_sdks_variables_are_the_sdks() -> None:
         sdk.ENV_FAULTHANDLER_FILE,
         sdk.ENV_CHECKPOINT_DIR,
     )
+
+
+def test_a_node_zygote_forks_replicas_whose_output_and_exit_reach_the_host(
+    tmp_path: Path,
+) -> None:
+    """The node-level zygote as a plain object (no Ray): it imports once, forks a Python
+    replica writing into a FIFO the host reads, reports its exit status, and refuses what
+    it cannot fork (another interpreter) so that the host starts that one cold."""
+
+    async def scenario() -> None:
+        node = NodeZygote()
+        said = await node.ready(["json"], dict(os.environ), distributed=False)
+        assert "import_s" in said, said
+        fifo = tmp_path / "out"
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        code = "import sys; print('forked', flush=True); sys.exit(3)"
+        info = await node.spawn([sys.executable, "-c", code], dict(os.environ), "/", str(fifo))
+        os.set_blocking(fd, True)
+        out = b""
+        while chunk := await asyncio.to_thread(os.read, fd, 4096):
+            out += chunk
+        os.close(fd)
+        assert out == b"forked\n"
+        assert await node.exit_code(int(info["pid"]), 10) == 3
+        other = await node.spawn(["/bin/sh", "-c", "true"], dict(os.environ), "/", str(fifo))
+        assert "cold" in other, other
+        port = await node.open_store("127.0.0.1")  # a store already listening for rank 0
+        assert port is not None
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        await node.close()
+
+    asyncio.run(scenario())
