@@ -15,7 +15,6 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,17 +26,16 @@ from trainguard.backends.api import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
-from trainguard.backends.local.preload_plan import resolve
-from trainguard.backends.local.warm_start import AGENT_STORE_ENV, torch_endpoint
 from trainguard.backends.output import RunOutput
+from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
 from trainguard.backends.ray.host import ReplicaHost
+from trainguard.backends.ray.warm import NodeZygotes
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
 from trainguard.spec.models import RayOptions, Resources
 from trainguard.spec.sizes import parse_memory
 
 _POLL_S = 0.5  # a read waits this long for output on the node before it answers empty
-_CALL_S = 10.0  # a control call (signal, where) that takes longer: the node is gone
 
 
 def bundle_of(res: Resources) -> dict[str, float]:
@@ -96,7 +94,7 @@ class RayBackend:
         self._last_output_s = 0.0
         self._ray: Any = None
         self._stale = False  # the placement lost a node: the next attempt is placed anew
-        self._warm = _NodeZygotes(preload)
+        self._warm = NodeZygotes(preload)
 
     @property
     def warm_start_notes(self) -> Sequence[str]:
@@ -153,11 +151,11 @@ class RayBackend:
             kwargs["bundle_label_selector"] = [selector] * len(bundles)
         limit = self._opts.placement_timeout_s
         try:
-            self._pg = await _bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
+            self._pg = await bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
             await asyncio.wait_for(self._pg.ready(), limit)
         except TimeoutError:
             try:
-                free = await _bounded(asyncio.to_thread(ray.available_resources), _CALL_S)
+                free = await bounded(asyncio.to_thread(ray.available_resources), CALL_S)
             except TimeoutError:
                 free = {}
             raise NoCapacity(
@@ -215,7 +213,7 @@ class RayBackend:
         port = await self._warm.store_port(node)
         if port is not None:
             return port
-        return int(await _bounded(actor.free_port.remote(), _CALL_S))
+        return int(await bounded(actor.free_port.remote(), CALL_S))
 
     async def _release(self) -> None:
         """Kill the last attempt's actors (their replicas die with them) and free its group.
@@ -237,7 +235,7 @@ class RayBackend:
                     remove_placement_group(pg)
 
         with contextlib.suppress(TimeoutError):
-            await _bounded(asyncio.to_thread(release), _CALL_S)
+            await bounded(asyncio.to_thread(release), CALL_S)
 
     # -------------------------------------------------------------- start
 
@@ -255,11 +253,11 @@ class RayBackend:
         run = _Run(launch, actor, node, self._tee, self._on_output)
         zygote = self._warm.ready_on(node["node_id"])
         try:
-            info = await _bounded(
-                actor.start.remote(list(launch.argv), launch.env, launch.cwd, zygote), _CALL_S
+            info = await bounded(
+                actor.start.remote(list(launch.argv), launch.env, launch.cwd, zygote), CALL_S
             )
         except Exception as exc:
-            info = {"lost": _why(exc)}
+            info = {"lost": one_line(exc)}
         if info.get("cold"):
             self._warm.cold(launch.replica, info["cold"])
         if "pid" not in info:
@@ -278,7 +276,7 @@ class RayBackend:
         self._runs[launch.replica] = run
         self._emit(
             ReplicaStarted(
-                launch.attempt, launch.replica, launch.restart, run.pid, _now(), node=_label(node)
+                launch.attempt, launch.replica, launch.restart, run.pid, _now(), node=label(node)
             )
         )
         task = asyncio.create_task(self._pump(run))
@@ -306,7 +304,7 @@ class RayBackend:
                 lost = f"its node answered no call for {quiet_s:g} s (ray.node_timeout_s)"
                 break
             except Exception as exc:
-                lost = _why(exc)
+                lost = one_line(exc)
                 break
             run.output.feed(data)
             if code is not None:
@@ -323,7 +321,7 @@ class RayBackend:
         if self._runs.get(la.replica) is run:
             del self._runs[la.replica]
         run.done.set()
-        lost_on = None if lost is None else f"{lost} (node {_label(run.node)})"
+        lost_on = None if lost is None else f"{lost} (node {label(run.node)})"
         self._stale = self._stale or lost is not None
         self._emit(
             ReplicaExited.of(
@@ -348,7 +346,7 @@ class RayBackend:
 
     async def _signal(self, run: _Run, signum: int) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(run.actor.signal.remote(int(signum)), _CALL_S)
+            await asyncio.wait_for(run.actor.signal.remote(int(signum)), CALL_S)
 
     async def signal(self, replica: str, signum: int) -> bool:
         run = self._runs.get(replica)
@@ -370,7 +368,7 @@ class RayBackend:
         if pending:
             late = [r for r in runs if not r.done.is_set()]
             await asyncio.gather(*(self._signal(r, signal.SIGKILL) for r in late))
-            _, pending = await asyncio.wait(pending, timeout=_CALL_S)
+            _, pending = await asyncio.wait(pending, timeout=CALL_S)
             for run in runs:  # no answer even to SIGKILL: its node is as good as gone
                 self._finish(run, None, "its node did not answer a stop")
 
@@ -392,7 +390,7 @@ class RayBackend:
         node = self._nodes.get(replica)
         if node is None or node["node_id"] in self._excluded:
             return None
-        why = f"node {_label(node)} was lost under {replica}"
+        why = f"node {label(node)} was lost under {replica}"
         self._excluded[node["node_id"]] = why
         self._stale = True
         return f"{why}: excluded from later attempts"
@@ -416,157 +414,14 @@ class RayBackend:
                 )
                 return ReplicaSnapshot.from_dict(out[0])
             except Exception as exc:
-                why = f"snapshot through Ray failed: {_why(exc)}"
+                why = f"snapshot through Ray failed: {one_line(exc)}"
                 return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
 
         return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
 
 
-class _NodeZygotes:
-    """The warm start on Ray: a `NodeZygote` actor on each node the job has used, made in
-    the background at the node's first placement (that attempt starts cold), kept until
-    the job ends, so a restart on a surviving node forks from it."""
-
-    def __init__(self, preload: Sequence[str]) -> None:
-        self._preload = tuple(preload)
-        self._planned = False
-        self._modules: list[str] = []
-        self._env: dict[str, str] = {}
-        self._distributed = False
-        self._actors: dict[str, Any] = {}  # node id -> its NodeZygote actor
-        self._ready: dict[str, asyncio.Task[None]] = {}
-        self._usable: set[str] = set()  # node ids whose zygote has imported
-        self.notes: list[str] = []
-        self._said: set[tuple[str, str]] = set()
-        self._hosted: set[tuple[str, int]] = set()  # (ip, port) of stores a keeper holds
-
-    async def plan(
-        self, ray: Any, launches: Sequence[Launch], nodes: Mapping[str, Mapping[str, str]]
-    ) -> None:
-        """At the first start, what to import (`auto`: what the program needs); at every
-        start, a zygote for each node of the placement that has none."""
-        if not launches:
-            return
-        if not self._planned:
-            self._planned = True
-            first = launches[0]
-            self._modules = await asyncio.to_thread(
-                resolve, self._preload, first.argv, first.cwd, first.env.get("PATH")
-            )
-            common = dict(first.env)
-            for launch in launches[1:]:
-                common = {k: v for k, v in common.items() if launch.env.get(k) == v}
-            self._env, self._distributed = common, len(launches) > 1
-        if not self._modules:
-            return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from trainguard.backends.ray.node_zygote import NodeZygote
-
-        for node in {n["node_id"]: n for n in nodes.values()}.values():
-            node_id = node["node_id"]
-            if node_id in self._actors:
-                continue
-            actor = (
-                ray.remote(NodeZygote)
-                .options(
-                    num_cpus=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                )
-                .remote()
-            )
-            self._actors[node_id] = actor
-            self._ready[node_id] = asyncio.create_task(self._warm_up(node_id, _label(node), actor))
-
-    async def _warm_up(self, node_id: str, label: str, actor: Any) -> None:
-        try:
-            said = await actor.ready.remote(self._modules, self._env, self._distributed)
-        except Exception as exc:
-            said = {"error": _why(exc)}
-        if "error" in said:
-            self.notes.append(f"warm start off on node {label}: {said['error']}")
-            return
-        self._usable.add(node_id)
-        self.notes.append(
-            f"warm start on node {label}: {', '.join(self._modules)} imported once in "
-            f"{said['import_s']:.2f} s; replicas placed there again fork from it"
-        )
-
-    async def store_port(self, node: Mapping[str, str]) -> int | None:
-        """A port where the zygote of `node` (rank 0's) holds a fresh rendezvous store."""
-        zygote = self.ready_on(node["node_id"])
-        if zygote is None:
-            return None
-        try:
-            port = await _bounded(zygote.open_store.remote(node["ip"]), _CALL_S)
-        except Exception:
-            port = None
-        if port is None:
-            self._say_once("", "rank 0 hosts the rendezvous store: its node's keeper failed")
-            return None
-        self._hosted.add((node["ip"], int(port)))
-        return int(port)
-
-    def with_hosted_store(self, launches: Sequence[Launch]) -> list[Launch]:
-        """The launches, each torch one told its store is held (torchrun's agent store)."""
-        return [
-            replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
-            if torch_endpoint(launch) in self._hosted
-            else launch
-            for launch in launches
-        ]
-
-    def ready_on(self, node_id: str) -> Any:
-        """The node's zygote actor if it has imported (else the replica starts cold)."""
-        return self._actors[node_id] if node_id in self._usable else None
-
-    def started(self, attempt: int, forked: int, of: int) -> None:
-        if self._modules:
-            self.notes.append(
-                f"attempt {attempt}: {forked} of {of} replicas forked from their node's zygote"
-            )
-
-    def cold(self, replica: str, why: str) -> None:
-        self._say_once(replica, f"{replica} starts cold: {why}")
-
-    def _say_once(self, about: str, note: str) -> None:
-        if self._modules and (about, note) not in self._said:
-            self._said.add((about, note))
-            self.notes.append(note)
-
-    async def close(self, ray: Any) -> None:
-        for task in self._ready.values():
-            task.cancel()
-        actors, self._actors = list(self._actors.values()), {}
-        self._usable.clear()
-
-        def kill() -> None:
-            for actor in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-
-        with contextlib.suppress(TimeoutError):
-            await _bounded(asyncio.to_thread(kill), _CALL_S)
-
-
-async def _bounded(aw: Any, timeout_s: float) -> Any:
-    """Await a Ray call, or raise TimeoutError after `timeout_s`."""
-    return await asyncio.wait_for(aw, timeout_s)
-
-
-def _label(node: Mapping[str, str]) -> str:
-    """How a node is named in records: its address and the start of its Ray id."""
-    return f"{node['ip']}/{node['node_id'][:12]}"
-
-
 def _now() -> float:
     return time.time()
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((t for t in text if t.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
 
 
 def _short(free: Mapping[str, float]) -> str:
