@@ -355,3 +355,13 @@ def test_problem_line_keeps_env_keys_starting_with_int() -> None:
     assert _problems(data) == [
         "worker_pools[0].env.interval: input should be a valid string, got 5"
     ]
+
+
+def test_the_master_listens_on_one_address_of_the_cluster_never_all() -> None:
+    for every in ("0.0.0.0", "::", "[::]"):
+        (problem,) = _problems(_spec(backend="ray", ray={"driver_ip": every}))
+        assert "ray.driver_ip" in problem and "every interface" in problem, problem
+    spec = validate_spec(_spec(backend="ray", ray={"driver_ip": "10.0.0.5", "node_timeout_s": 5}))
+    assert (spec.ray.driver_ip, spec.ray.node_timeout_s) == ("10.0.0.5", 5)
+    (problem,) = _problems(_spec(backend="ray", ray={"node_timeout_s": 0}))
+    assert "ray.node_timeout_s" in problem, problem

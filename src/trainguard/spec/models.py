@@ -215,6 +215,16 @@ class RayOptions(_Model):
     # the network stays "alive" in Ray's eyes for ~30 s (its default health check).
     node_timeout_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
 
+    @field_validator("driver_ip")
+    @classmethod
+    def _one_address(cls, value: str | None) -> str | None:
+        """The SDK channel listens there: an address replicas dial, never all interfaces."""
+        if value is not None and value.strip("[]") in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                f"{value!r} is every interface: name the master's own address in the cluster"
+            )
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _lower(cls, data: Any) -> Any:
