@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from corpus_real_eval import MODEL, digest, load, train
 
 from trainguard.policy import learned
@@ -19,6 +20,7 @@ TIMEOUT = (
 )
 
 
+@pytest.mark.no_cover  # a training run: 3x slower traced, and other tests cover it
 def test_the_shipped_model_is_the_one_the_development_part_trains() -> None:
     cases = load()
     shipped = learned.default()
