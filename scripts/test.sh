@@ -15,7 +15,7 @@ mypy
 if [ "$#" -eq 0 ]; then
   # The whole suite holds a coverage floor (in-process lines; replicas and masters run in
   # child processes and are not counted): measured 72% on the fast tests alone.
-  python -m pytest -q --durations=15 --cov=trainguard --cov-report=term:skip-covered --cov-fail-under=70
+  python -m pytest -q --durations=40 --cov=trainguard --cov-report=term:skip-covered --cov-fail-under=70
 else
   python -m pytest -q "$@"
 fi
