@@ -25,9 +25,9 @@ LAYERS: tuple[str | tuple[str, ...], ...] = (
     "service",
     "cli",
 )
-# Outside the layers: what training code imports (the SDK, the Ray Train helper) and the
+# Outside the layers: what training code imports (the SDK, the Ray Train and AIMaster ports) and the
 # entry points. They may import any layer; no layer imports them.
-ENTRY = frozenset({"sdk", "train", "__main__", "__init__"})
+ENTRY = frozenset({"sdk", "aimaster", "train", "__main__", "__init__"})
 
 
 def _layer(module: str) -> str:

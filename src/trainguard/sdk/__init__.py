@@ -68,6 +68,7 @@ __all__ = [
     "mark_checkpoint_bad",
     "report",
     "send_custom_message",
+    "set_hang_interval",
     "set_retryable_errors",
     "snapshot",
 ]
@@ -77,6 +78,8 @@ ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"
 HANG_DETECT_OFF = -1
 """`hang_detect(HANG_DETECT_OFF)`: no hang detection inside the scope."""
 
+_base_seconds: float | None = None
+"""The interval outside every hang_detect scope (`set_hang_interval`); None: the job's."""
 _scopes: list[hang_detect] = []
 """The active hang_detect scopes of this process, innermost last (guarded by the
 connection's lock: scope changes reach the master in order)."""
@@ -91,18 +94,20 @@ def heartbeat(step: int | None = None) -> None:
     channel.post("/v1/heartbeat", {"step": step})
 
 
-def set_retryable_errors(patterns: list[str]) -> None:
-    """Failures whose log matches one of these regexes (or keywords) are retried."""
+def set_retryable_errors(patterns: list[str]) -> bool:
+    """Failures whose log matches one of these regexes (or keywords) are retried.
+    True once the master has them (else they are sent with the next message)."""
     if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"patterns: expected a list of strings, got {patterns!r}")
-    channel.post("/v1/retryable_errors", {"patterns": list(patterns)})
+    return channel.post("/v1/retryable_errors", {"patterns": list(patterns)})
 
 
-def send_custom_message(text: str) -> None:
-    """A line for the job's record and notifications (e.g. "eval loss 1.72")."""
+def send_custom_message(text: str) -> bool:
+    """A line for the job's record and notifications (e.g. "eval loss 1.72"); True when
+    it reached the master."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a string, got {text!r}")
-    channel.post("/v1/message", {"text": text})
+    return channel.post("/v1/message", {"text": text})
 
 
 class hang_detect:  # lower case: it reads like a function, `with sdk.hang_detect(180):`
@@ -144,12 +149,25 @@ class hang_detect:  # lower case: it reads like a function, `with sdk.hang_detec
         return scoped
 
 
-def _post_scope() -> None:
+def set_hang_interval(seconds: float | None) -> bool:
+    """The hang interval outside every `hang_detect` scope, until changed: no heartbeat or
+    output for `seconds` is a hang; -1 turns detection off; None gives the job's back.
+    (AIMaster's `reset_config(job_hang_interval=...)`.)"""
+    global _base_seconds
+    if seconds is not None:
+        hang_detect(seconds)  # validates
+    with channel.lock():
+        _base_seconds = seconds
+        return _post_scope()
+
+
+def _post_scope() -> bool:
     client = channel.get_client()
     if client is None:
         channel.warn_outside()
-        return
-    client.post("/v1/hang_detect", {"seconds": _scopes[-1].seconds if _scopes else None})
+        return False
+    seconds = _scopes[-1].seconds if _scopes else _base_seconds
+    return client.post("/v1/hang_detect", {"seconds": seconds})
 
 
 def _register_faulthandler() -> None:
@@ -182,10 +200,12 @@ def _after_fork_in_child() -> None:
 def _reset_for_tests() -> None:
     """Forget the connection, the environment read, the warnings given, the scopes and
     the snapshot files."""
+    global _base_seconds
     with channel.lock():
         channel.reset_for_tests()
         state.reset_for_tests()
         _scopes.clear()
+        _base_seconds = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -43,18 +43,18 @@ class _Client:
         self._quiet_until_s = 0.0
         self._stale: dict[str, dict[str, object]] = {}
 
-    def post(self, route: str, fields: dict[str, object]) -> None:
-        """Deliver undelivered state first, then this message; drop it if the master is gone."""
+    def post(self, route: str, fields: dict[str, object]) -> bool:
+        """Deliver undelivered state first, then this message; drop it if the master is gone.
+        True when it reached the master (state not yet delivered is kept, and sent later)."""
         if route in _STATE_ROUTES:
             self._stale[route] = fields
         if time.monotonic() < self._quiet_until_s:
-            return
+            return False
         for state_route in list(self._stale):
             if not self._send(state_route, self._stale[state_route]):
-                return
+                return False
             del self._stale[state_route]
-        if route not in _STATE_ROUTES:
-            self._send(route, fields)
+        return route in _STATE_ROUTES or self._send(route, fields)
 
     def _send(self, route: str, fields: dict[str, object]) -> bool:
         """False when the master could not be reached; a refusal counts as delivered."""
@@ -142,14 +142,15 @@ def enabled() -> bool:
         return get_client() is not None
 
 
-def post(route: str, fields: dict[str, object]) -> None:
-    """Send a message to the master, in order with every other; nothing outside trainguard."""
+def post(route: str, fields: dict[str, object]) -> bool:
+    """Send a message to the master, in order with every other; nothing outside trainguard.
+    True when it reached the master."""
     with _lock:
         client = get_client()
         if client is None:
             warn_outside()
-            return
-        client.post(route, fields)
+            return False
+        return client.post(route, fields)
 
 
 def get_client() -> _Client | None:
