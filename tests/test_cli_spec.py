@@ -393,3 +393,14 @@ def test_warm_start_is_on_by_default_and_flags_add_to_it_or_turn_it_off(tmp_path
     )
     (problem,) = _build_problems("-f", mixed)
     assert problem.startswith("preload: ") and "cannot be listed with modules" in problem
+
+
+def test_internal_commands_are_never_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    shown = parser.format_help()
+    assert "_master" not in shown and "run a job and supervise it" in shown
+    with pytest.raises(SystemExit):
+        parser.parse_args(["nosuch"])
+    said = capsys.readouterr().err
+    assert "invalid choice: 'nosuch'" in said and "'run'" in said and "_master" not in said
+    assert parser.parse_args(["_master", "job-1"]).cmd == "_master"  # still there to run

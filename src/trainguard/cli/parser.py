@@ -19,8 +19,14 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 130
 
 
+INTERNAL = ("_master",)
+"""Commands trainguard runs itself (the server starts a job's master): never shown."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, no usage dump
+        for name in INTERNAL:
+            message = message.replace(f", {name!r}", "")
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -52,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="store URL, e.g. postgresql+psycopg://user@host/db (default: $TRAINGUARD_DB, "
         "else a SQLite file in the state directory)",
     )
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
     remote = _Parser(add_help=False)
     remote.add_argument(
