@@ -4,7 +4,9 @@
 attempt's placement group. It imports nothing from Ray at module level, so it loads fast
 on a node and can be tested as an ordinary object. When the actor dies (ray.kill, its
 driver or its node gone), PR_SET_PDEATHSIG takes the replica and the same guardian as
-locally takes the rest of its process group.
+locally takes the rest of its process group. Where the node has a zygote (the warm start,
+`node_zygote`), the replica is forked by it instead: its output comes through a FIFO, its
+exit status from the zygote (its parent), and the guardian still takes its group.
 """
 
 from __future__ import annotations
