@@ -44,9 +44,7 @@ class WarmStart:
             )
         if not self._preload:
             return
-        common = dict(first.env)
-        for launch in launches[1:]:
-            common = {k: v for k, v in common.items() if launch.env.get(k) == v}
+        common = common_env(launches)
         try:
             self.zygote = await Zygote.start(self._preload, common, distributed=len(launches) > 1)
         except ZygoteError as exc:
@@ -94,12 +92,7 @@ class WarmStart:
                 "the rendezvous store is held by trainguard, as torchrun's agent holds it: "
                 "every rank connects to a store that already listens"
             )
-        return [
-            replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
-            if torch_endpoint(launch) in self._hosted
-            else launch
-            for launch in launches
-        ]
+        return mark_hosted(launches, self._hosted)
 
     def why_cold(self, launch: Launch) -> str | None:
         """Why this replica cannot fork from the zygote, or None when it can; noted (once
@@ -128,6 +121,25 @@ class WarmStart:
         if self.zygote is not None:
             await self.zygote.close()
             self.zygote = None
+
+
+def common_env(launches: Sequence[Launch]) -> dict[str, str]:
+    """The variables every launch sets alike: what a zygote imports in for all of them."""
+    common = dict(launches[0].env)
+    for launch in launches[1:]:
+        common = {k: v for k, v in common.items() if launch.env.get(k) == v}
+    return common
+
+
+def mark_hosted(launches: Sequence[Launch], hosted: set[tuple[str, int]]) -> list[Launch]:
+    """The launches, each torch one whose store endpoint is in `hosted` told to be a client
+    of it (torchrun's agent store)."""
+    return [
+        replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
+        if torch_endpoint(launch) in hosted
+        else launch
+        for launch in launches
+    ]
 
 
 def torch_endpoint(launch: Launch) -> tuple[str, int] | None:

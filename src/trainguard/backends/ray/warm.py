@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from trainguard.backends.api import Launch
 from trainguard.backends.local.preload_plan import resolve
-from trainguard.backends.local.warm_start import AGENT_STORE_ENV, torch_endpoint
+from trainguard.backends.local.warm_start import common_env, mark_hosted
 from trainguard.backends.local.zygote import expand
 from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
 
@@ -47,10 +46,7 @@ class NodeZygotes:
             self._modules = await asyncio.to_thread(
                 resolve, self._preload, first.argv, first.cwd, first.env.get("PATH")
             )
-            common = dict(first.env)
-            for launch in launches[1:]:
-                common = {k: v for k, v in common.items() if launch.env.get(k) == v}
-            self._env, self._distributed = common, len(launches) > 1
+            self._env, self._distributed = common_env(launches), len(launches) > 1
         if not self._modules:
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -107,12 +103,7 @@ class NodeZygotes:
 
     def with_hosted_store(self, launches: Sequence[Launch]) -> list[Launch]:
         """The launches, each torch one told its store is held (torchrun's agent store)."""
-        return [
-            replace(launch, env={**launch.env, AGENT_STORE_ENV: "True"})
-            if torch_endpoint(launch) in self._hosted
-            else launch
-            for launch in launches
-        ]
+        return mark_hosted(launches, self._hosted)
 
     def ready_on(self, node_id: str) -> Any:
         """The node's zygote actor if it has imported (else the replica starts cold)."""
