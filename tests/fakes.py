@@ -6,7 +6,7 @@ drive the master's and the policy's logic step by step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -121,7 +121,7 @@ class FakeBackend:
     def isolate_after(self, replica: str, c: Any) -> None:
         return None
 
-    def last_output_s(self) -> float:
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
         return 0.0
 
     async def close(self) -> None:

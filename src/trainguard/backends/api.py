@@ -6,13 +6,17 @@ The master never touches a process directly; everything it learns arrives as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
+
+SERVICE_ENV = "TRAINGUARD_SERVICE"
+"""Set (to its role) in the launch of a framework's own process (torchft's Lighthouse):
+the backend starts it as it is, never from a warm start planned for the replicas."""
 
 
 class NoCapacity(Exception):
@@ -118,8 +122,9 @@ class Backend(Protocol):
         """Send `signum` to the current run of `replica` where it runs (fault injection:
         SIGKILL, SIGSEGV, SIGSTOP...); False if it is not running."""
 
-    def last_output_s(self) -> float:
-        """When any replica last printed anything (0 if none has yet): a sign of life."""
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        """When any replica (of `replicas`, default all) last printed anything (0 if none
+        has yet): a sign of life."""
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         """The last lines the current run of `replica` printed."""

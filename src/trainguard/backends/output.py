@@ -50,6 +50,7 @@ class RunOutput:
         self._on_output = on_output
         self._partial = b""
         self._seen = False
+        self.last_s = 0.0  # when it last printed (wall clock; 0: not yet)
 
     def _open_log(self) -> None:
         try:
@@ -93,6 +94,7 @@ class RunOutput:
         if not data:
             return
         self._write(data)
+        self.last_s = time.time()
         first, self._seen = not self._seen, True
         self._on_output(first)
         lines = (self._partial + data).split(b"\n")

@@ -14,6 +14,7 @@ from typing import Any
 from trainguard.errors import SpecError
 from trainguard.spec.aimaster_flags import parse_ft_args
 from trainguard.spec.frameworks import RULES
+from trainguard.spec.limits import MAX_REPLICAS
 from trainguard.spec.models import JobSpec, load_spec_file, preload_names, validate_spec
 
 # CLI flag -> fault_tolerance field (one to one; None = the flag's own name).
@@ -43,6 +44,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-name", dest="name", help="the job's name")
     p.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
     p.add_argument("--framework", help=f"{', '.join(RULES)} (default pytorch)")
+    p.add_argument("--groups", help="torchft: replica groups of the command (default 1)")
+    p.add_argument(
+        "--nproc-per-group", dest="nproc_per_group", help="torchft: ranks per group (default 1)"
+    )
     p.add_argument(
         "--allow-partial",
         action="store_const",
@@ -122,7 +127,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     """Spec file, then --ft-args, then explicit flags: each later source wins."""
     data: dict[str, Any] = load_spec_file(args.file) if args.file else {}
-    problems = _pools(data, args, command) + _env(data, args)
+    problems = _pools(data, args, command) + _env(data, args) + _torchft_only(data, args)
     if problems:
         raise SpecError(problems)
     _fault_tolerance(data, args)
@@ -142,6 +147,11 @@ def _pools(data: dict[str, Any], args: argparse.Namespace, command: list[str]) -
             return ["command: give either a spec with worker_pools or a command, not both"]
         name = args.framework or data.get("framework") or "pytorch"
         replicas = args.nproc if args.nproc is not None else 1
+        if name == "torchft":
+            groups = _torchft_groups(data, args)
+            if isinstance(groups, str):
+                return [groups]
+            replicas = groups
         # An unknown framework gets the default pools: the spec's check names it.
         data["worker_pools"] = RULES.get(name, RULES["pytorch"]).pools_for(command, replicas)
         return []
@@ -152,7 +162,41 @@ def _pools(data: dict[str, Any], args: argparse.Namespace, command: list[str]) -
         ]
     if args.nproc is not None:
         return ["--nproc-per-node: applies to a command, not to a spec's worker_pools"]
+    if args.groups is not None:
+        return ["--groups: applies to a command, not to a spec's worker_pools"]
     return []
+
+
+def _torchft_only(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    if (args.framework or data.get("framework")) == "torchft":
+        return []
+    flags = (("--groups", args.groups), ("--nproc-per-group", args.nproc_per_group))
+    return [f"{flag}: applies to --framework torchft only" for flag, v in flags if v is not None]
+
+
+def _torchft_groups(data: dict[str, Any], args: argparse.Namespace) -> int | str:
+    """The worker replicas of `--framework torchft --groups G --nproc-per-group N`: G*N
+    (`--nproc-per-node K` alone: K groups of one rank); or what is wrong."""
+    if args.groups is not None and args.nproc is not None:
+        return "--groups and --nproc-per-node: give one of them (groups x --nproc-per-group)"
+    counts: list[int] = []
+    for flag, value in (
+        ("--groups", args.groups or args.nproc),
+        ("--nproc-per-group", args.nproc_per_group),
+    ):
+        try:
+            n = int(value) if value is not None else 1
+        except ValueError:
+            return f"{flag}: must be a whole number, got {value!r}"
+        if not 1 <= n <= MAX_REPLICAS:
+            return f"{flag}: must be 1 to {MAX_REPLICAS}, got {n}"
+        counts.append(n)
+    groups, per = counts
+    if args.nproc_per_group is not None:
+        data["torchft"] = {**(data.get("torchft") or {}), "nproc_per_group": per}
+    else:
+        per = int((data.get("torchft") or {}).get("nproc_per_group", 1))
+    return groups * per
 
 
 def _env(data: dict[str, Any], args: argparse.Namespace) -> list[str]:

@@ -8,9 +8,10 @@ from trainguard.frameworks.generic import Generic
 from trainguard.frameworks.mpi import Mpi
 from trainguard.frameworks.pytorch import PyTorch
 from trainguard.frameworks.tensorflow import TensorFlow
+from trainguard.frameworks.torchft import Torchft
 
 PRESETS: dict[str, Preset] = {
-    p.name: p for p in (PyTorch(), TensorFlow(), Mpi(), Batch(), Generic())
+    p.name: p for p in (PyTorch(), TensorFlow(), Mpi(), Batch(), Torchft(), Generic())
 }
 
 

@@ -35,6 +35,7 @@ class Roster:
     plans: tuple[ReplicaPlan, ...]
     # replica -> its own address, the same for the job's whole life (presets that ask)
     task_addresses: Mapping[str, str] = field(default_factory=dict)
+    spec: JobSpec | None = None  # the job's spec: a preset's own options (torchft:)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -82,6 +83,10 @@ class Preset:
     # A launcher the replicas run behind (mpi: mpirun starts the ranks); the runner puts
     # the backend behind it.
     launcher: str | None = None
+    # Roles that are the framework's own processes (torchft's Lighthouse): started before
+    # the others and waited for (`ready_endpoints`), never what the job's success waits
+    # for, stopped when it ends.
+    services: frozenset[str] = frozenset()
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         return RolePolicy()
@@ -89,3 +94,12 @@ class Preset:
     def env(self, ctx: EnvContext) -> dict[str, str]:
         """The framework's variables; rank and world size are every preset's."""
         return {"RANK": str(ctx.plan.rank), "WORLD_SIZE": str(len(ctx.plans))}
+
+    def argv(self, ctx: EnvContext) -> tuple[str, ...]:
+        """The replica's command: its pool's, plus what the framework adds (a service's
+        address, say)."""
+        return ctx.plan.argv
+
+    def ready_endpoints(self, roster: Roster) -> list[tuple[str, int]]:
+        """Where the services listen once they are ready: the other replicas start then."""
+        return []

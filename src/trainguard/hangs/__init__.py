@@ -2,4 +2,13 @@
 the culprit rules, and progress estimates.
 """
 
-__all__ = ["diagnose", "progress", "snapshot", "stack_model", "stack_parsers", "stacks", "watch"]
+__all__ = [
+    "diagnose",
+    "group_watch",
+    "progress",
+    "snapshot",
+    "stack_model",
+    "stack_parsers",
+    "stacks",
+    "watch",
+]

@@ -33,6 +33,7 @@ class HangDetected:
     interval_s: float
     idle_s: float  # how long the job had shown no sign of life (or waited at exit)
     replica: str | None = None  # exit hang: the replica that finished first
+    group: int | None = None  # a replica group's watch (torchft): that group is silent
 
 
 class HangWatch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from trainguard.backends.api import (
+    Launch,
     NoCapacity,
     ReplicaFirstOutput,
     ReplicaStarted,
@@ -72,8 +73,13 @@ class Attempts(MasterCore):
             launches.append(self._launch(rep))
             if i % _LAUNCH_BATCH == 0:
                 await asyncio.sleep(0)  # a large job: SIGTERM and cancel are heard meanwhile
+        self._groups_down.clear()
+        launches = await self._start_services_first(launches)
         await self.backend.start(launches)
         self._record_warm_start()
+
+    async def _start_services_first(self, launches: list[Launch]) -> list[Launch]:
+        raise NotImplementedError  # `groups.Groups`
 
     def _record_warm_start(self) -> None:
         """Say and record what the backend's warm start did since the last start."""

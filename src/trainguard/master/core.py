@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from trainguard.frameworks.replica_plan import (
     plan_replicas,
     primary_replica,
 )
+from trainguard.hangs.group_watch import GroupedHangWatch
 from trainguard.hangs.watch import HangWatch
 from trainguard.master.events import (
     MasterEvent,
@@ -84,7 +85,7 @@ class MasterCore:
         self.preset = preset(spec.framework)
         self.roles = self.preset.role_policy(spec)
         self.launches = LaunchBuilder(
-            job_id, self.preset, tuple(plans), log_dir, cwd, self.ft.max_num_of_job_restart
+            job_id, self.preset, tuple(plans), log_dir, cwd, self.ft.max_num_of_job_restart, spec
         )
         self._given_up: dict[str, str] = {}  # replica -> why (batch shards, evaluators)
         self.state = JobState.PENDING
@@ -102,6 +103,11 @@ class MasterCore:
         self._attempt_failures: list[Failure] = []
         self._background: set[asyncio.Future[Any]] = set()
         self._applied: list[Decision] = []  # what the current turn of the loop applied
+        # Replica groups stopped for a restart alone (torchft): group -> which stop, and
+        # the restart record each one's rejoin completes.
+        self._groups_down: dict[int, int] = {}
+        self._group_stops = 0
+        self._group_records: dict[int, int] = {}
         sync = self.ft.execution_mode is ExecutionMode.SYNC
         self.hangs = HangWatch(
             enabled=sync and self.ft.enable_job_hang_detection,
@@ -111,6 +117,18 @@ class MasterCore:
             clock=clock,
             startup_timeout_s=self.ft.startup_timeout_s,
         )
+        if self.roles.groups:
+            self.hangs = GroupedHangWatch(
+                groups=self.roles.groups,
+                group_output=backend.last_output_s,
+                groups_enabled=self.ft.enable_job_hang_detection,
+                enabled=sync and self.ft.enable_job_hang_detection,
+                interval_s=self.ft.job_hang_interval,
+                post=self.post,
+                output_activity=backend.last_output_s,
+                clock=clock,
+                startup_timeout_s=self.ft.startup_timeout_s,
+            )
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
         self._exit_hang_timer: asyncio.TimerHandle | None = None
         self.inbox = Inbox(self.hangs, recorder, say, clock)
@@ -207,12 +225,13 @@ class MasterCore:
         await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
         await self._settle()
 
-    async def _settle(self) -> None:
-        """Record the exits a stop produced before the job moves on; they decide nothing."""
+    async def _settle(self, only: Collection[str] | None = None) -> None:
+        """Record the exits a stop produced before the job moves on; they decide nothing.
+        `only`: the stop was of these replicas; the others' exits are left to decide."""
         keep: list[MasterEvent] = []
         while not self._queue.empty():
             ev = self._queue.get_nowait()
-            if isinstance(ev, ReplicaExited):
+            if isinstance(ev, ReplicaExited) and (only is None or ev.replica in only):
                 await self._on_exit(ev, decide=False)
             else:
                 keep.append(ev)
@@ -242,7 +261,30 @@ class MasterCore:
             len(self.replicas),
             wait_for_capacity=self.spec.queue.wait_for_capacity,
             roles=self.roles,
+            groups_up=self._groups_up(failure.replica),
         )
+
+    def _groups_up(self, replica: str) -> int:
+        """The replica groups, other than `replica`'s, whose every member is running: the
+        peers a restarted group can heal from."""
+        mine = self.roles.group_of(replica)
+        return sum(
+            1
+            for g, members in enumerate(self.roles.groups)
+            if g != mine
+            and g not in self._groups_down
+            and all(self.replicas[m].state is ReplicaState.RUNNING for m in members)
+        )
+
+    def _watch_of(self, group: int | None) -> HangWatch:
+        """The hang watch of a replica group (torchft), or the job's (None)."""
+        if group is not None and isinstance(self.hangs, GroupedHangWatch):
+            return self.hangs.group(group)
+        return self.hangs
+
+    def _is_service(self, replica: str) -> bool:
+        """A framework's own process (torchft's Lighthouse): not what success waits for."""
+        return self.replicas[replica].plan.role in self.preset.services
 
     def _record_failure(self, root: Failure, decision: Decision) -> None:
         self.ledger.failure(root, self._attempt_failures, decision)

@@ -25,6 +25,15 @@ class CapacityRetry:
     attempt: int
 
 
+@dataclass(frozen=True)
+class GroupRejoin:
+    """A stopped replica group may start again (the Lighthouse has dropped it by now)."""
+
+    attempt: int
+    group: int
+    down: int  # which of the group's stops this ends (a later one supersedes it)
+
+
 MasterEvent = (
     ReplicaStarted
     | ReplicaFirstOutput
@@ -32,6 +41,7 @@ MasterEvent = (
     | CancelRequested
     | HangDetected
     | CapacityRetry
+    | GroupRejoin
 )
 
 

@@ -60,7 +60,7 @@ class Exits(MasterCore):
             self.rec.run_ended(run_id, ev.time_s, c, state, ev.evidence.log_tail)
         if rep is None:
             return  # an exit of an earlier attempt or run, already dealt with
-        self.hangs.alive(ev.replica)  # ended: it waits for nothing more to start
+        self._ended(ev.replica)
         rep.state = state
         rep.run_id = None
         failure: Failure | None = None
@@ -81,7 +81,7 @@ class Exits(MasterCore):
                 self._all_done(),
             )
             if isinstance(decision, Succeed):
-                decision = self._success(decision.reason)
+                decision = self._success(self._groups_done(decision.reason))
             if arm_exit_hang(decision, self._exit_hang_on, self._exit_hang_timer is not None):
                 interval = self.ft.job_exit_hang_interval
                 hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
@@ -96,6 +96,25 @@ class Exits(MasterCore):
             why = failure.classification.message  # the root cause's, not the trigger's
             self.say(f"{failure.replica} failed: {why} -> {describe(decision)}")
         await self._apply(decision, failure, ev.time_s)
+
+    def _ended(self, replica: str) -> None:
+        """The watches wait for nothing more of it (nor of its group, if all of it ended)."""
+        self.hangs.alive(replica)
+        group = self.roles.group_of(replica)
+        if group is not None and all(
+            self.replicas[m].state.is_terminal or m == replica for m in self.roles.groups[group]
+        ):
+            self._watch_of(group).disarm()
+
+    def _groups_done(self, reason: str) -> str:
+        """Why the job succeeds, when groups that were down are not started again."""
+        if not self._groups_down:
+            return reason
+        down = ", ".join(map(str, sorted(self._groups_down)))
+        return (
+            f"every group that is up exited 0 (training is done); group {down}, down for a "
+            "restart, is not started again"
+        )
 
     async def _take_root_cause(
         self, trigger: Failure, decision: Decision
@@ -125,15 +144,19 @@ class Exits(MasterCore):
 
     def _peers_finished(self, replica: str) -> bool:
         """Every other replica of the attempt exited 0 (there is at least one)."""
-        peers = [r for n, r in self.replicas.items() if n != replica]
+        peers = [r for n, r in self.replicas.items() if n != replica and not self._is_service(n)]
         return bool(peers) and all(r.state is ReplicaState.SUCCEEDED for r in peers)
 
     def _all_done(self) -> bool:
-        """Every replica succeeded, or was given up."""
-        return all(
-            r.state is ReplicaState.SUCCEEDED or n in self._given_up
+        """Every replica succeeded, or was given up; or, in a job of replica groups, every
+        group that is up succeeded while the others were down (there is nothing left for
+        them to rejoin: the training is done)."""
+        done = [
+            r.state is ReplicaState.SUCCEEDED or n in self._given_up or self._is_service(n)
             for n, r in self.replicas.items()
-        )
+            if self.roles.group_of(n) is None or self.roles.group_of(n) not in self._groups_down
+        ]
+        return all(done) and len(done) > sum(map(self._is_service, self.replicas))
 
     async def _give_up(self, decision: GiveUpReplica) -> None:
         """The replica stays failed; the job goes on, and ends if it was the last one left."""

@@ -26,7 +26,10 @@ class HangResponse(MasterCore):
         self._exit_hang_timer = None if ev.kind == "exit_hang" else self._exit_hang_timer
         if ev.attempt != self.attempt or self.state is not JobState.RUNNING:
             return
-        left = self.hangs.startup_left()
+        if ev.group is not None and ev.group in self._groups_down:
+            return  # the group was stopped since: its silence is no hang
+        watch = self._watch_of(ev.group)
+        left = watch.startup_left()
         if ev.kind == "exit_hang" and left > 0:
             # A peer has not shown a sign of life yet: its start-up allowance runs first.
             loop = asyncio.get_running_loop()
@@ -35,7 +38,12 @@ class HangResponse(MasterCore):
             return
         detected_s = self.clock()
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
-        self.say(f"{ev.kind.replace('_', ' ')} detected after {ev.idle_s:.1f} s: taking stacks")
+        if ev.group is not None:  # that group's ranks: the others are training
+            live = {n: r for n, r in live.items() if n in self.roles.groups[ev.group]}
+            if not live:
+                return  # every rank of it has ended: nothing is silent there
+        what = ev.kind.replace("_", " ") + ("" if ev.group is None else f" of group {ev.group}")
+        self.say(f"{what} detected after {ev.idle_s:.1f} s: taking stacks")
         files = {
             n: self.launches.log_path(self.attempt, n, r.restarts).with_suffix(".stacks.txt")
             for n, r in live.items()
@@ -45,19 +53,29 @@ class HangResponse(MasterCore):
         diag = await diagnose(targets, self.hangs.beats(), files, self.clock, self.backend.snapshot)
         self.ledger.snapshot_id = self.rec.diagnosis(diag, self.attempt, detected_s, ev.kind)
         self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
-        life = self.hangs.last_activity() > detected_s
-        cleared = judge_hang(ev.kind, life, diag.importing(), self._within_startup(detected_s))
+        life = watch.last_activity() > detected_s
+        starting = self._within_startup(detected_s) or watch.startup_left() > 0
+        cleared = judge_hang(ev.kind, life, diag.importing(), starting)
         if cleared is not None:
             also = "; start-up allowance applies" if cleared.starting else ""
             self.say(f"{cleared.reason}: not a hang{also}")
             self.rec.event(detected_s, None, HANG_CLEARED_EVENT, cleared.reason)
             for name in cleared.starting:
                 self.hangs.starting(name)
-            self.hangs.rearm()
+            watch.rearm()
             self.ledger.snapshot_id = None
             return
-        who = diag.culprit or ev.replica or self.primary
-        c = hang_failure(ev.kind, who, ev.interval_s, ev.idle_s, diag.report.summary, diag.where)
+        group = self.roles.groups[ev.group] if ev.group is not None else ()
+        who = diag.culprit or ev.replica or (group[0] if group else self.primary)
+        c = hang_failure(
+            ev.kind,
+            who,
+            ev.interval_s,
+            ev.idle_s,
+            diag.report.summary,
+            diag.where,
+            group=None if ev.group is None else (ev.group, group),
+        )
         tail = self.backend.log_tail(who)  # its last step: a hang at the same one recurs
         failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c, tail)
         decision = self._decide(failure)

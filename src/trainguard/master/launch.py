@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainguard.backends.api import Launch
+from trainguard.backends.api import SERVICE_ENV, Launch
 from trainguard.backends.net import free_port
 from trainguard.frameworks import EnvContext, Preset, Roster
 from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
+from trainguard.spec.models import JobSpec
 
 
 @dataclass
@@ -24,6 +25,7 @@ class LaunchBuilder:
     log_dir: Path
     cwd: str
     max_restarts: int | str
+    spec: JobSpec | None = None
     roster: Roster | None = field(default=None, init=False)
 
     def log_path(self, attempt: int, replica: str, restart: int) -> Path:
@@ -50,7 +52,7 @@ class LaunchBuilder:
                 if self.preset.task_addresses
                 else {}
             )
-            self.roster = Roster(self.plans, tasks)
+            self.roster = Roster(self.plans, tasks, self.spec)
         log_path = self.log_path(attempt, plan.name, restart)
         ctx = EnvContext(
             plan=plan,
@@ -68,12 +70,14 @@ class LaunchBuilder:
         env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
+        if plan.role in self.preset.services:
+            env[SERVICE_ENV] = plan.role
         return Launch(
             attempt=attempt,
             replica=plan.name,
             rank=plan.rank,
             restart=restart,
-            argv=plan.argv,
+            argv=self.preset.argv(ctx),
             env=env,
             cwd=self.cwd,
             log_path=log_path,

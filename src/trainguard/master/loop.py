@@ -22,12 +22,14 @@ from trainguard.master.attempts import Attempts
 from trainguard.master.events import (
     CancelRequested,
     CapacityRetry,
+    GroupRejoin,
     MasterEvent,
     Outcome,
     Transition,
 )
 from trainguard.master.exits import Exits
 from trainguard.master.faults import Faults
+from trainguard.master.groups import Groups
 from trainguard.master.hang_response import HangResponse
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import (
@@ -36,6 +38,7 @@ from trainguard.policy.decisions import (
     FailJob,
     GiveUpReplica,
     Ignore,
+    RestartGroup,
     RestartJob,
     RestartReplica,
     Succeed,
@@ -46,7 +49,7 @@ from trainguard.records.schema import DECISION_EVENT
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 
 
-class Master(Attempts, Exits, HangResponse, Faults):
+class Master(Groups, Attempts, Exits, HangResponse, Faults):
     """One job's master: the loop, cancel, and applying decisions; handlers in the mixins."""
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
@@ -115,6 +118,8 @@ class Master(Attempts, Exits, HangResponse, Faults):
                 await self._on_cancel(event)
             case HangDetected():
                 await self._on_hang(event)
+            case GroupRejoin():
+                await self._on_group_rejoin(event)
             case CapacityRetry():
                 if self.state is JobState.RESTARTING and event.attempt == self.attempt:
                     self.rec.queued(None)
@@ -157,6 +162,9 @@ class Master(Attempts, Exits, HangResponse, Faults):
             case RestartReplica():
                 assert failure is not None
                 await self._restart_replica(decision, failure, seen_s)
+            case RestartGroup():
+                assert failure is not None
+                await self._restart_group(decision, failure, seen_s)
             case WaitForCapacity():
                 if failure is not None:  # a failure of capacity (a start has none)
                     self.ledger.restart(decision, failure, seen_s)

@@ -146,7 +146,8 @@ class Budgets:
     """What a job has used so far (a value: recording a failure makes a new one)."""
 
     job_restarts: int = 0
-    replica_restarts: dict[str, int] = field(default_factory=dict)  # in the current attempt
+    # restarts alone in the current attempt, per replica (and per group, "group-<g>")
+    replica_restarts: dict[str, int] = field(default_factory=dict)
     class_restarts: dict[str, int] = field(default_factory=dict)
     same_error: Tally = field(default_factory=Tally)  # "replica:fingerprint" -> count
     failed_replicas: frozenset[str] = frozenset()
@@ -165,7 +166,7 @@ class Budgets:
             if c.budget == "job_restarts":
                 # a new attempt: every replica gets its own restarts back (the Vertex rule)
                 job, alone = c.used, {}
-            elif c.budget.startswith("replica_restarts:"):
+            elif c.budget.startswith(("replica_restarts:", "group_restarts:")):
                 alone = {**alone, c.budget.split(":", 1)[1]: c.used}
             elif not c.budget.startswith("same_error:"):
                 classes = {**classes, c.budget: c.used}

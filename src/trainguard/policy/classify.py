@@ -20,6 +20,7 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from trainguard.policy.catalogue import Rules
@@ -153,8 +154,11 @@ def hang_failure(
     summary: str,
     where: str,
     finished: str | None = None,
+    group: tuple[int, Sequence[str]] | None = None,
 ) -> Classification:
     """A hang (no sign of life) or an exit hang (peers do not finish) is retryable.
+
+    `group`: the replica group (its number and members) whose watch saw the silence.
 
     `where` (the culprit's innermost own frame) makes the fingerprint, so a rank that
     hangs at the same place again counts as the same error.
@@ -175,6 +179,11 @@ def hang_failure(
             f"(interval {interval_s:g} s)"
         )
     message = f"The job hung: {reason}."
+    if group is not None:
+        g, members = group
+        who = "its replica" if len(members) == 1 else "any of its replicas"
+        reason = reason.replace("any replica", f"{who} ({', '.join(members)})")
+        message = f"Replica group {g} hung: {reason}."
     if summary:
         message += f" Diagnosis: {summary}."
     return Classification(

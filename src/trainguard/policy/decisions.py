@@ -14,7 +14,9 @@ The rules, in order, for a failure:
 4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
    (capacity with queue.wait_for_capacity -> WaitForCapacity); a retryable failure
    whose evidence is uncertain also charges `max_uncertain_restarts` (1);
-5. async mode and a role that restarts alone (the framework's `RolePolicy`; `worker`
+5. async mode and a replica of a group (torchft): restart its group alone while
+   `max_group_restarts` last and another group is up to heal from, else the whole job;
+   a role that restarts alone (the framework's `RolePolicy`; `worker`
    by default): restart it alone while its `max_replica_restarts` last, then the whole
    job (or, as the framework says, fail the job or give the replica up);
 6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
@@ -48,6 +50,19 @@ class RestartJob:
 @dataclass(frozen=True)
 class RestartReplica:
     replica: str
+    reason: str
+    charges: tuple[Charge, ...]
+
+
+@dataclass(frozen=True)
+class RestartGroup:
+    """Stop the rest of a replica group and restart the whole group alone, `after_s`
+    after its failure (torchft: once the Lighthouse has dropped the dead group); every
+    other group trains on untouched."""
+
+    group: int
+    replicas: tuple[str, ...]
+    after_s: float
     reason: str
     charges: tuple[Charge, ...]
 
@@ -98,6 +113,7 @@ class Ignore:
 Decision = (
     RestartJob
     | RestartReplica
+    | RestartGroup
     | GiveUpReplica
     | FailJob
     | WaitForCapacity
@@ -113,6 +129,8 @@ def describe(decision: Decision) -> str:
     charges = getattr(decision, "charges", ())
     cost = f" [charged {', '.join(map(str, charges))}]" if charges else ""
     target = f"({decision.replica})" if isinstance(decision, RestartReplica | GiveUpReplica) else ""
+    if isinstance(decision, RestartGroup):
+        target = f"(group {decision.group}: {', '.join(decision.replicas)})"
     return f"{name}{target}: {decision.reason}{cost}"
 
 
@@ -140,6 +158,18 @@ class RolePolicy:
     alone: frozenset[str] | None = frozenset({"worker"})
     optional: frozenset[str] = frozenset()
     on_spent: Literal["restart_job", "fail_job", "give_up"] = "restart_job"
+    # Failure domains (torchft's replica groups): a failed member restarts its whole
+    # group, within `max_group_restarts` per group and attempt, `group_rejoin_s` after
+    # the failure; when no other group is up there is no peer to heal from: the job restarts.
+    groups: tuple[tuple[str, ...], ...] = ()
+    max_group_restarts: Limit = 10
+    group_rejoin_s: float = 0.0
+
+    def group_of(self, replica: str) -> int | None:
+        for i, members in enumerate(self.groups):
+            if replica in members:
+                return i
+        return None
 
     def restarts_alone(self, role: str, mode: ExecutionMode) -> bool:
         if role in self.optional:
@@ -240,8 +270,11 @@ def decide_failure(
     world_size: int = 1,
     wait_for_capacity: bool = False,
     roles: RolePolicy = RolePolicy(),
+    groups_up: int = 0,
 ) -> Decision:
     """What to do about one replica's failure (the root cause, not its cascade).
+
+    `groups_up`: the other replica groups (`roles.groups`) still up when it failed.
 
     With `wait_for_capacity`, a capacity failure whose budget is spent waits for capacity
     (Vertex's flex-start) instead of failing the job. A replica of an optional role, or
@@ -310,6 +343,9 @@ def decide_failure(
             return _end_replica(roles, ft, failure, why)
         extra = (*extra, Charge("max_uncertain_restarts", used + 1, ft.max_uncertain_restarts))
 
+    group = roles.group_of(failure.replica)
+    if group is not None and ft.execution_mode is ExecutionMode.ASYNC:
+        return _group_restart(ft, b, roles, failure, group, groups_up, why, extra)
     if roles.restarts_alone(failure.role, ft.execution_mode):
         key = f"replica_restarts:{failure.replica}"
         used = b.replica_restarts.get(failure.replica, 0)
@@ -321,6 +357,39 @@ def decide_failure(
             return _end_replica(roles, ft, failure, why)
         why = f"{why}, so the job restarts"
     return _job_restart(ft, b, failure, why, extra)
+
+
+def _group_restart(
+    ft: FaultTolerance,
+    b: Budgets,
+    roles: RolePolicy,
+    failure: Failure,
+    group: int,
+    groups_up: int,
+    why: str,
+    extra: tuple[Charge, ...],
+) -> Decision:
+    if not groups_up:
+        why = f"{why}; no other group is up to heal from, so the job restarts from its checkpoint"
+        return _job_restart(ft, b, failure, why, extra)
+    key, limit = group_key(group), roles.max_group_restarts
+    used = b.replica_restarts.get(key, 0)
+    if not limit_allows(limit, used):
+        why = f"{why}; group {group} spent its {limit} restarts, so the job restarts"
+        return _job_restart(ft, b, failure, why, extra)
+    members = roles.groups[group]
+    others = sum(len(g) for i, g in enumerate(roles.groups) if i != group)
+    why = (
+        f"{why}; group {group} restarts alone ({_processes(len(members))}), "
+        f"{_processes(others)} of the other groups keep training"
+    )
+    charge = Charge(f"group_restarts:{key}", used + 1, limit)
+    return RestartGroup(group, members, roles.group_rejoin_s, why, (*extra, charge))
+
+
+def group_key(group: int) -> str:
+    """A group's name in the budgets (its restarts are counted like a replica's)."""
+    return f"group-{group}"
 
 
 def _end_replica(roles: RolePolicy, ft: FaultTolerance, failure: Failure, why: str) -> Decision:
@@ -355,3 +424,7 @@ def root_cause(failures: list[Failure]) -> tuple[Failure, list[Failure]]:
     roots = [f for f in ordered if not f.classification.cascade] or ordered
     root = roots[0]
     return root, [f for f in ordered if f is not root]
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"

@@ -7,6 +7,7 @@ framework does at run time (each replica's environment, which roles restart alon
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +34,12 @@ class FrameworkRules:
     def ft_defaults_for(self, pools: Sequence[Any]) -> Mapping[str, Any]:
         """The fault_tolerance defaults for a job of these pools (raw spec data)."""
         return self.ft_defaults
+
+    def service_pools(self, pools: Sequence[Any]) -> list[dict[str, Any]]:
+        """Pools the framework runs beside the job's own (raw spec data): added to the
+        spec where it has no pool of that role, so they are named, logged and injected
+        into like any replica."""
+        return []
 
     def problems(self, spec: JobSpec) -> list[str]:
         """What is wrong with this job for this framework, one line each."""
@@ -114,7 +121,66 @@ class BatchRules(FrameworkRules):
     partial_results = True
 
 
+TORCHFT_SERVICES = ("lighthouse", "store")
+"""The torchft job's own processes: the Lighthouse, and the host of every group's store."""
+
+
+class TorchftRules(FrameworkRules):
+    name = "torchft"
+    roles = frozenset({"worker", *TORCHFT_SERVICES})
+    # Groups restart alone: that is the point of torchft.
+    ft_defaults: ClassVar[Mapping[str, Any]] = {"execution_mode": "async"}
+    success_policy = "all"
+    backends = frozenset({"local"})
+
+    def service_pools(self, pools: Sequence[Any]) -> list[dict[str, Any]]:
+        have = {p.get("role") for p in pools if isinstance(p, dict)}
+        out: list[dict[str, Any]] = []
+        if "lighthouse" not in have:
+            out.append({"role": "lighthouse", "command": ["torchft_lighthouse"]})
+        if "store" not in have:
+            store = [sys.executable, "-m", "trainguard.frameworks.torchft_store"]
+            out.append({"role": "store", "command": store})
+        return out
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        out = super().problems(spec)
+        pools = {p.role: p.replicas for p in spec.worker_pools}
+        per = spec.torchft.nproc_per_group
+        workers = pools.get("worker", 0)
+        if not workers:
+            out.append("worker_pools: a torchft job needs a worker pool (its replica groups)")
+        elif workers % per:
+            out.append(
+                f"worker_pools: the worker pool's {workers} replicas are not whole groups "
+                f"of torchft.nproc_per_group {per}"
+            )
+        elif spec.torchft.min_replicas > workers // per:
+            out.append(
+                f"torchft.min_replicas: {spec.torchft.min_replicas} groups for a quorum, "
+                f"but the job has {workers // per}"
+            )
+        out += [
+            f"worker_pools: a torchft job has one {role} (got {pools[role]})"
+            for role in TORCHFT_SERVICES
+            if pools.get(role, 1) != 1
+        ]
+        if spec.fault_tolerance.execution_mode.value != "async":
+            out.append(
+                "fault_tolerance.execution_mode: a torchft job is async (a group restarts "
+                "alone while the others train)"
+            )
+        return out
+
+
 RULES: dict[str, FrameworkRules] = {
     r.name: r
-    for r in (PyTorchRules(), TensorFlowRules(), MpiRules(), BatchRules(), FrameworkRules())
+    for r in (
+        PyTorchRules(),
+        TensorFlowRules(),
+        MpiRules(),
+        BatchRules(),
+        TorchftRules(),
+        FrameworkRules(),
+    )
 }

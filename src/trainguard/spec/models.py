@@ -233,6 +233,26 @@ class RayOptions(_Model):
         return data
 
 
+class TorchftOptions(_Model):
+    """A torchft job (framework torchft): its replica groups and its Lighthouse's timing.
+
+    The worker pool's replicas are `groups x nproc_per_group`; group g is the ranks
+    g*N .. g*N+N-1. torchft's Lighthouse defaults (a 60 s join timeout, a 5 s heartbeat)
+    suit a cluster of many groups; a quorum here waits 1 s for stragglers and a group is
+    dead after 2 s of silence, so a restarted group rejoins in seconds.
+    """
+
+    nproc_per_group: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # Groups a quorum needs; with 1, a lone healthy group trains on while the others heal.
+    min_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    heartbeat_timeout_ms: int = Field(default=2000, ge=100, le=3_600_000)
+    join_timeout_ms: int = Field(default=1000, ge=0, le=3_600_000)
+    # How often a trainer retries a quorum the Lighthouse did not answer (it restarts).
+    quorum_retries: int = Field(default=20, ge=0, le=MAX_LIMIT)
+    # Restarts of each group alone within an attempt; then the whole job restarts.
+    max_group_restarts: Limit = 10
+
+
 class JobSpec(_Model):
     name: str = Field(pattern=_NAME)
     framework: str = "pytorch"  # a preset of trainguard.frameworks
@@ -256,6 +276,7 @@ class JobSpec(_Model):
     notifications: list[NotifyRule] = Field(default_factory=list)
     # batch: a shard that cannot be retried is given up and listed; the others finish.
     allow_partial: bool = False
+    torchft: TorchftOptions = Field(default_factory=TorchftOptions)
 
     @field_validator("preload", mode="before")
     @classmethod
@@ -285,6 +306,10 @@ class JobSpec(_Model):
             data = {**data, "fault_tolerance": {**defaults, **ft}}
         if preset.success_policy and data.get("success_policy") is None:
             data = {**data, "success_policy": preset.success_policy}
+        if isinstance(pools, list):
+            services = preset.service_pools(pools)
+            if services:
+                data = {**data, "worker_pools": [*pools, *services]}
         return data
 
     @field_validator("framework")

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -129,9 +129,12 @@ class LocalBackend:
     def warm_start_notes(self) -> Sequence[str]:
         return self._warm.notes
 
-    def last_output_s(self) -> float:
-        """When any replica last printed anything (0 if none has yet)."""
-        return self._last_output_s
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        """When any replica (of `replicas`) last printed anything (0 if none has yet)."""
+        if replicas is None:
+            return self._last_output_s
+        runs = [self._runs[r] for r in replicas if r in self._runs]
+        return max((run.output.last_s for run in runs), default=0.0)
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit

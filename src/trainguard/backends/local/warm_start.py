@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainguard.backends.api import Launch
+from trainguard.backends.api import SERVICE_ENV, Launch
 from trainguard.backends.local.preload_plan import AUTO, resolve
 from trainguard.backends.local.python_cmd import parse, startup_env_differs
 from trainguard.backends.local.store_keeper import KeeperError, StoreKeeper
@@ -29,9 +29,11 @@ class WarmStart:
         self._hosted: set[tuple[str, int]] = set()  # (host, port) of stores the keeper opened
 
     async def plan(self, launches: Sequence[Launch], on_exit: Callable[[int, int], None]) -> None:
-        """At the first start only: start the zygote for these launches, importing what
+        """At the first start of replicas (services do not count): start the zygote for
+        these launches, importing what
         `preload` names (`auto`: what the first replica's program needs). Nothing to
         preload is said nowhere: the replicas simply start the ordinary way."""
+        launches = [launch for launch in launches if SERVICE_ENV not in launch.env]
         if self._planned or not launches:
             return
         self._planned = True
@@ -97,6 +99,8 @@ class WarmStart:
     def why_cold(self, launch: Launch) -> str | None:
         """Why this replica cannot fork from the zygote, or None when it can; noted (once
         per replica and reason) where there is a zygote to say it of."""
+        if SERVICE_ENV in launch.env:
+            return "a service of the framework"
         if self.zygote is None:
             return "no preload process"
         why = self._why_not(self.zygote, launch)

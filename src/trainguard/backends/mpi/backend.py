@@ -19,7 +19,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -244,8 +244,8 @@ class MpiBackend:
         if rest:
             await self._inner.stop(rest, grace_s)
 
-    def last_output_s(self) -> float:
-        return self._inner.last_output_s()
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        return self._inner.last_output_s(replicas)
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         job = self._job

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -335,8 +335,12 @@ class RayBackend:
             )
         )
 
-    def last_output_s(self) -> float:
-        return self._last_output_s
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        """When any replica (of `replicas`) last printed anything (0 if none has yet)."""
+        if replicas is None:
+            return self._last_output_s
+        runs = [self._runs[r] for r in replicas if r in self._runs]
+        return max((run.output.last_s for run in runs), default=0.0)
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         run = self._runs.get(replica)

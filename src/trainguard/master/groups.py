@@ -1,0 +1,107 @@
+"""Replica groups restarted alone (torchft): stop the rest of the failed group, wait
+until the Lighthouse has dropped it, start the whole group again; and the framework's
+services, started and listening before any group."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
+from trainguard.backends.net import listens
+from trainguard.master.attempts import Attempts
+from trainguard.master.events import GroupRejoin, MasterEvent
+from trainguard.policy.budgets import Failure
+from trainguard.policy.decisions import RestartGroup
+from trainguard.states import JobState, ReplicaState
+
+SERVICE_READY_S = 60.0
+"""How long the replicas wait for the services to listen before they start anyway (the
+services' own exits, if that is why, decide what happens)."""
+
+
+class Groups(Attempts):
+    async def _start_services_first(self, launches: Sequence[Launch]) -> list[Launch]:
+        """Start the framework's services and wait until they listen; the other launches."""
+        services = [launch for launch in launches if SERVICE_ENV in launch.env]
+        if not services:
+            return list(launches)
+        await self.backend.start(services)
+        roster = self.launches.roster
+        endpoints = self.preset.ready_endpoints(roster) if roster is not None else []
+        t0 = self.clock()
+        missing = await self._wait_listening(endpoints, {s.replica for s in services})
+        if missing:
+            shown = ", ".join(f"{h}:{p}" for h, p in missing)
+            self.say(f"the services do not listen at {shown}: the replicas start anyway")
+        else:
+            names = ", ".join(s.replica for s in services)
+            self.say(f"{names} listening after {self.clock() - t0:.2f} s")
+        return [launch for launch in launches if SERVICE_ENV not in launch.env]
+
+    async def _wait_listening(
+        self, endpoints: list[tuple[str, int]], services: set[str]
+    ) -> list[tuple[str, int]]:
+        """Poll until every endpoint listens, a service exits, or SERVICE_READY_S pass;
+        the events that arrive meanwhile are kept in order for the loop."""
+        kept: list[MasterEvent] = []
+        deadline = self.clock() + SERVICE_READY_S
+        missing = list(endpoints)
+        try:
+            while missing:
+                missing = [e for e in missing if not await listens(*e)]
+                while not self._queue.empty():
+                    kept.append(self._queue.get_nowait())
+                if not missing or self.clock() > deadline:
+                    break
+                if any(isinstance(e, ReplicaExited) and e.replica in services for e in kept):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            while not self._queue.empty():
+                kept.append(self._queue.get_nowait())
+            for ev in kept:
+                self._queue.put_nowait(ev)
+        return missing
+
+    async def _restart_group(self, decision: RestartGroup, failure: Failure, seen_s: float) -> None:
+        """Stop the group's live members now; start them all once `after_s` has passed
+        since the failure (a `GroupRejoin`). No other group is touched."""
+        record_id = self.ledger.restart(decision, failure, seen_s)
+        self._group_stops += 1
+        self._groups_down[decision.group] = self._group_stops
+        self._group_records[decision.group] = record_id
+        members = set(decision.replicas)
+        self._watch_of(decision.group).disarm()  # stopped: its silence is no hang
+        t0 = self.clock()
+        live = [m for m in decision.replicas if not self.replicas[m].state.is_terminal]
+        if live:
+            await self.backend.stop(live, self.ft.stop_grace_period_s)
+        await self._settle(only=members)
+        for name in decision.replicas:
+            rep = self.replicas[name]
+            rep.restarts += 1
+            rep.state, rep.pid, rep.run_id = ReplicaState.STOPPED, None, None
+        t1 = self.clock()
+        wait = max(0.0, decision.after_s - (t1 - failure.time_s))
+        rejoin = GroupRejoin(self.attempt, decision.group, self._group_stops)
+        asyncio.get_running_loop().call_later(wait, self.post, rejoin)
+        self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=wait * 1000)
+        self.say(f"group {decision.group} stopped; it rejoins in {wait:.1f} s")
+
+    async def _on_group_rejoin(self, ev: GroupRejoin) -> None:
+        if ev.attempt != self.attempt or self._groups_down.get(ev.group) != ev.down:
+            return  # a new attempt, or a later stop of the same group, supersedes it
+        if self.state is not JobState.RUNNING:
+            return
+        del self._groups_down[ev.group]
+        members = self.roles.groups[ev.group]
+        for name in members:
+            self.replicas[name].state = ReplicaState.STARTING
+        self._watch_of(ev.group).arm(self.attempt, members)  # in start-up again, from now
+        t0 = self.clock()
+        await self.backend.start([self._launch(self.replicas[n]) for n in members])
+        self._record_warm_start()
+        record_id = self._group_records.pop(ev.group, None)
+        if record_id is not None:
+            self.rec.restart_phases(record_id, start_ms=(self.clock() - t0) * 1000)
