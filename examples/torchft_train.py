@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import tempfile
 import time
 from datetime import timedelta
@@ -40,9 +41,17 @@ def _args() -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=20, help="durable checkpoints (0: none)")
     p.add_argument("--out", help="a folder: each group's rank 0 writes its final weights' hash")
     p.add_argument(
-        "--bug-at-step", type=int, help="demo fault: group --bug-group raises a ValueError here"
+        "--bug-at-step",
+        type=int,
+        help="demo fault: from this step on, group --bug-group hits a bug (every time)",
     )
     p.add_argument("--bug-group", type=int, default=1)
+    p.add_argument(
+        "--bug-kind",
+        choices=("value", "segv"),
+        default="value",
+        help="the bug: a ValueError, or a native crash (SIGSEGV) that reads like a fault",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="torchft's collective timeout (s)")
     return p.parse_args()
 
@@ -80,7 +89,7 @@ def main() -> None:
     print(f"group {group} rank {rank}/{per} starts{resumed}", flush=True)
     while (step := manager.current_step()) < args.steps:
         if args.bug_at_step is not None and group == args.bug_group and step >= args.bug_at_step:
-            raise ValueError(f"bad batch shape at step {step}: a bug in group {group}'s code")
+            _bug(args.bug_kind, step, group)
         g = torch.Generator().manual_seed(100_000 * step + 100 * group + rank)
         x = torch.randn(64, 32, generator=g)
         y = torch.sin(x.sum(1, keepdim=True))
@@ -119,6 +128,12 @@ def main() -> None:
     if per > 1:
         dist.destroy_process_group()
     manager.shutdown(wait=False)
+
+
+def _bug(kind: str, step: int, group: int) -> None:
+    if kind == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    raise ValueError(f"bad batch shape at step {step}: a bug in group {group}'s code")
 
 
 def _resume(manager: Manager, load: Any) -> str:

@@ -5,6 +5,7 @@ drive the master's and the policy's logic step by step.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import fields
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainguard.backends.api import (
+    SERVICE_ENV,
     BackendEvent,
     Launch,
     NoCapacity,
@@ -58,6 +60,7 @@ class FakeBackend:
         self.closed = False
         self.exit_on_stop: dict[str, int] = {}  # a replica ending on its own as the stop came
         self.nodes: dict[str, str] = {}  # replica -> the node label its start reports
+        self.listening: dict[str, socket.socket] = {}  # services' listening sockets
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self.emit = emit
@@ -75,6 +78,8 @@ class FakeBackend:
         if self.fail_start:
             raise RuntimeError("backend exploded")
         for launch in launches:
+            if SERVICE_ENV in launch.env:
+                self._listen(launch)
             self.launches.append(launch)
             self.live[launch.replica] = launch
             pid = 1000 + len(self.launches)
@@ -93,6 +98,8 @@ class FakeBackend:
     ) -> None:
         """`progressed`: the replica had trained (a crash mid-run, not in start-up)."""
         launch = self.live.pop(replica)
+        if (sock := self.listening.pop(replica, None)) is not None:
+            sock.close()
         ev = ExitEvidence(
             replica,
             returncode,
@@ -101,6 +108,20 @@ class FakeBackend:
             progressed=progressed,
         )
         self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
+
+    def _listen(self, launch: Launch) -> None:
+        """A service (torchft's Lighthouse, a store) listens where its command says."""
+        argv = launch.argv
+        where = argv[argv.index("--bind") + 1] if "--bind" in argv else argv[-1]
+        host, _, port = where.rpartition(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen()
+        old = self.listening.pop(launch.replica, None)
+        if old is not None:
+            old.close()
+        self.listening[launch.replica] = sock
 
     async def signal(self, replica: str, signum: int) -> bool:
         self.signals.append((replica, signum))
@@ -127,6 +148,8 @@ class FakeBackend:
     async def close(self) -> None:
         self.closed = True
         await self.stop(list(self.live), 0)
+        for sock in self.listening.values():
+            sock.close()
 
 
 R = TypeVar("R", bound=_Row)

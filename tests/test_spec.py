@@ -98,7 +98,7 @@ def test_minimal_spec_gets_defaults() -> None:
         (
             _spec(framework="tf"),
             [
-                "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch' or "
+                "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch', 'torchft' or "
                 "'generic', got 'tf'"
             ],
         ),

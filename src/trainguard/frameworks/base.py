@@ -84,7 +84,7 @@ class Preset:
     # the backend behind it.
     launcher: str | None = None
     # Roles that are the framework's own processes (torchft's Lighthouse): started before
-    # the others and waited for (`ready_endpoints`), never what the job's success waits
+    # the others and waited for (`ready_endpoint`), never what the job's success waits
     # for, stopped when it ends.
     services: frozenset[str] = frozenset()
 
@@ -100,6 +100,6 @@ class Preset:
         address, say)."""
         return ctx.plan.argv
 
-    def ready_endpoints(self, roster: Roster) -> list[tuple[str, int]]:
-        """Where the services listen once they are ready: the other replicas start then."""
-        return []
+    def ready_endpoint(self, roster: Roster, replica: str) -> tuple[str, int] | None:
+        """Where a service listens once it is ready: the other replicas start then."""
+        return None

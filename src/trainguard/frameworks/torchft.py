@@ -5,8 +5,9 @@ step through its Lighthouse; a group that dies is dropped from the quorum, the o
 train on, and the group restarted later heals its weights from a live peer. What it
 leaves to a supervisor is this preset's: one Lighthouse per job (the `lighthouse` role,
 `torchft_lighthouse` with the spec's timing), a TCPStore for each group's Manager (the
-`store` role hosts them all, at the stable address of each group's first rank, so a
-restarted group finds its store again), and each rank's environment: the Lighthouse,
+`store` replica of the group hosts it, at the stable address of its first rank, so a
+restarted group finds its store again; the store is restarted with its group, so it is
+a fresh one), and each rank's environment: the Lighthouse,
 its group's id and store, and its rank within the group. The master restarts a failed
 group whole and alone (`RolePolicy.groups`), never a single rank of it.
 """
@@ -31,9 +32,12 @@ class Torchft(Preset):
 
     def role_policy(self, spec: JobSpec) -> RolePolicy:
         opts = spec.torchft
+        # A group is its ranks and its store: the store is restarted with the ranks, so
+        # a restarted group meets at a fresh one (no key of its last run left there).
+        groups = tuple((*ranks, f"store-{g}") for g, ranks in enumerate(groups_of(spec)))
         return RolePolicy(
-            alone=self.services,
-            groups=groups_of(spec),
+            alone=frozenset({"lighthouse"}),
+            groups=groups,
             max_group_restarts=opts.max_group_restarts,
             group_rejoin_s=opts.heartbeat_timeout_ms / 1000,
         )
@@ -77,15 +81,19 @@ class Torchft(Preset):
                 str(opts.join_timeout_ms),
             )
         if plan.role == "store":
-            return (*plan.argv, *_stores(ctx.roster))
+            return (*plan.argv, _stores(ctx.roster)[plan.index])
         return plan.argv
 
-    def ready_endpoints(self, roster: Roster) -> list[tuple[str, int]]:
-        out = []
-        for address in [roster.task_addresses["lighthouse-0"], *_stores(roster)]:
-            host, _, port = address.rpartition(":")
-            out.append((host.strip("[]"), int(port)))
-        return out
+    def ready_endpoint(self, roster: Roster, replica: str) -> tuple[str, int] | None:
+        role, _, index = replica.rpartition("-")
+        if role == "lighthouse":
+            address = roster.task_addresses[replica]
+        elif role == "store":
+            address = _stores(roster)[int(index)]
+        else:
+            return None
+        host, _, port = address.rpartition(":")
+        return host.strip("[]"), int(port)
 
 
 def groups_of(spec: JobSpec) -> tuple[tuple[str, ...], ...]:
@@ -100,10 +108,13 @@ def _options(roster: Roster) -> TorchftOptions:
 
 
 def _stores(roster: Roster) -> list[str]:
-    """Each group's store address: its first rank's stable address."""
+    """Each group's store address: its first rank's stable address (once per job)."""
     per = _options(roster).nproc_per_group
-    return [
-        roster.task_addresses[p.name]
-        for p in roster.plans
-        if p.role == "worker" and not p.index % per
-    ]
+    return roster.memo(
+        "torchft_stores",
+        lambda: [
+            roster.task_addresses[p.name]
+            for p in roster.plans
+            if p.role == "worker" and not p.index % per
+        ],
+    )

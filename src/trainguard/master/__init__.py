@@ -10,6 +10,7 @@ __all__ = [
     "events",
     "exits",
     "faults",
+    "groups",
     "hang_response",
     "inbox",
     "inject",

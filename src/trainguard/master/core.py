@@ -119,7 +119,7 @@ class MasterCore:
         )
         if self.roles.groups:
             self.hangs = GroupedHangWatch(
-                groups=self.roles.groups,
+                groups=[self._ranks(members) for members in self.roles.groups],
                 group_output=backend.last_output_s,
                 groups_enabled=self.ft.enable_job_hang_detection,
                 enabled=sync and self.ft.enable_job_hang_detection,
@@ -281,6 +281,10 @@ class MasterCore:
         if group is not None and isinstance(self.hangs, GroupedHangWatch):
             return self.hangs.group(group)
         return self.hangs
+
+    def _ranks(self, members: Collection[str]) -> list[str]:
+        """The members of a group that train (its store is a service)."""
+        return [m for m in members if not self._is_service(m)]
 
     def _is_service(self, replica: str) -> bool:
         """A framework's own process (torchft's Lighthouse): not what success waits for."""

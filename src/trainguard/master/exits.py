@@ -102,7 +102,8 @@ class Exits(MasterCore):
         self.hangs.alive(replica)
         group = self.roles.group_of(replica)
         if group is not None and all(
-            self.replicas[m].state.is_terminal or m == replica for m in self.roles.groups[group]
+            self.replicas[m].state.is_terminal or m == replica
+            for m in self._ranks(self.roles.groups[group])
         ):
             self._watch_of(group).disarm()
 
@@ -151,12 +152,14 @@ class Exits(MasterCore):
         """Every replica succeeded, or was given up; or, in a job of replica groups, every
         group that is up succeeded while the others were down (there is nothing left for
         them to rejoin: the training is done)."""
-        done = [
-            r.state is ReplicaState.SUCCEEDED or n in self._given_up or self._is_service(n)
+        up = [
+            (n, r)
             for n, r in self.replicas.items()
-            if self.roles.group_of(n) is None or self.roles.group_of(n) not in self._groups_down
+            if not self._is_service(n) and self.roles.group_of(n) not in self._groups_down
         ]
-        return all(done) and len(done) > sum(map(self._is_service, self.replicas))
+        return bool(up) and all(
+            r.state is ReplicaState.SUCCEEDED or n in self._given_up for n, r in up
+        )
 
     async def _give_up(self, decision: GiveUpReplica) -> None:
         """The replica stays failed; the job goes on, and ends if it was the last one left."""

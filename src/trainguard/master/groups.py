@@ -5,6 +5,7 @@ services, started and listening before any group."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
@@ -28,7 +29,9 @@ class Groups(Attempts):
             return list(launches)
         await self.backend.start(services)
         roster = self.launches.roster
-        endpoints = self.preset.ready_endpoints(roster) if roster is not None else []
+        assert roster is not None  # built with the first launch
+        found = [self.preset.ready_endpoint(roster, s.replica) for s in services]
+        endpoints = [e for e in found if e is not None]
         t0 = self.clock()
         missing = await self._wait_listening(endpoints, {s.replica for s in services})
         if missing:
@@ -45,14 +48,14 @@ class Groups(Attempts):
         """Poll until every endpoint listens, a service exits, or SERVICE_READY_S pass;
         the events that arrive meanwhile are kept in order for the loop."""
         kept: list[MasterEvent] = []
-        deadline = self.clock() + SERVICE_READY_S
+        deadline = time.monotonic() + SERVICE_READY_S  # real time, whatever the job's clock
         missing = list(endpoints)
         try:
             while missing:
                 missing = [e for e in missing if not await listens(*e)]
                 while not self._queue.empty():
                     kept.append(self._queue.get_nowait())
-                if not missing or self.clock() > deadline:
+                if not missing or time.monotonic() > deadline:
                     break
                 if any(isinstance(e, ReplicaExited) and e.replica in services for e in kept):
                     break
@@ -98,9 +101,12 @@ class Groups(Attempts):
         members = self.roles.groups[ev.group]
         for name in members:
             self.replicas[name].state = ReplicaState.STARTING
-        self._watch_of(ev.group).arm(self.attempt, members)  # in start-up again, from now
+        self._watch_of(ev.group).arm(self.attempt, self._ranks(members))  # start-up again
         t0 = self.clock()
-        await self.backend.start([self._launch(self.replicas[n]) for n in members])
+        launches = await self._start_services_first(
+            [self._launch(self.replicas[n]) for n in members]
+        )
+        await self.backend.start(launches)
         self._record_warm_start()
         record_id = self._group_records.pop(ev.group, None)
         if record_id is not None:

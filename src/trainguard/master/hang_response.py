@@ -39,7 +39,8 @@ class HangResponse(MasterCore):
         detected_s = self.clock()
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
         if ev.group is not None:  # that group's ranks: the others are training
-            live = {n: r for n, r in live.items() if n in self.roles.groups[ev.group]}
+            ranks = self._ranks(self.roles.groups[ev.group])
+            live = {n: r for n, r in live.items() if n in ranks}
             if not live:
                 return  # every rank of it has ended: nothing is silent there
         what = ev.kind.replace("_", " ") + ("" if ev.group is None else f" of group {ev.group}")
@@ -65,7 +66,7 @@ class HangResponse(MasterCore):
             watch.rearm()
             self.ledger.snapshot_id = None
             return
-        group = self.roles.groups[ev.group] if ev.group is not None else ()
+        group = self._ranks(self.roles.groups[ev.group]) if ev.group is not None else []
         who = diag.culprit or ev.replica or (group[0] if group else self.primary)
         c = hang_failure(
             ev.kind,

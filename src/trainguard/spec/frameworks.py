@@ -35,8 +35,9 @@ class FrameworkRules:
         """The fault_tolerance defaults for a job of these pools (raw spec data)."""
         return self.ft_defaults
 
-    def service_pools(self, pools: Sequence[Any]) -> list[dict[str, Any]]:
-        """Pools the framework runs beside the job's own (raw spec data): added to the
+    def service_pools(self, pools: Sequence[Any], data: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Pools the framework runs beside the job's own (raw spec data, and the raw spec
+        they are of): added to the
         spec where it has no pool of that role, so they are named, logged and injected
         into like any replica."""
         return []
@@ -122,7 +123,20 @@ class BatchRules(FrameworkRules):
 
 
 TORCHFT_SERVICES = ("lighthouse", "store")
-"""The torchft job's own processes: the Lighthouse, and the host of every group's store."""
+"""The torchft job's own processes: the Lighthouse, and each group's store."""
+
+
+def _groups(pools: Sequence[Any], options: Any) -> int:
+    """The replica groups of a torchft job's raw pools and options (1 where those are not
+    valid yet: the spec's checks name the problem)."""
+    per = options.get("nproc_per_group", 1) if isinstance(options, dict) else 1
+    per = per if isinstance(per, int) and per >= 1 else 1
+    for p in pools:
+        if isinstance(p, dict) and p.get("role", "worker") == "worker":
+            replicas = p.get("replicas", 1)
+            if isinstance(replicas, int) and replicas >= per:
+                return replicas // per
+    return 1
 
 
 class TorchftRules(FrameworkRules):
@@ -133,14 +147,15 @@ class TorchftRules(FrameworkRules):
     success_policy = "all"
     backends = frozenset({"local"})
 
-    def service_pools(self, pools: Sequence[Any]) -> list[dict[str, Any]]:
+    def service_pools(self, pools: Sequence[Any], data: Mapping[str, Any]) -> list[dict[str, Any]]:
         have = {p.get("role") for p in pools if isinstance(p, dict)}
         out: list[dict[str, Any]] = []
         if "lighthouse" not in have:
             out.append({"role": "lighthouse", "command": ["torchft_lighthouse"]})
-        if "store" not in have:
+        if "store" not in have:  # one per group: restarted with it, so always fresh
             store = [sys.executable, "-m", "trainguard.frameworks.torchft_store"]
-            out.append({"role": "store", "command": store})
+            groups = _groups(pools, data.get("torchft"))
+            out.append({"role": "store", "replicas": groups, "command": store})
         return out
 
     def problems(self, spec: JobSpec) -> list[str]:
@@ -160,11 +175,15 @@ class TorchftRules(FrameworkRules):
                 f"torchft.min_replicas: {spec.torchft.min_replicas} groups for a quorum, "
                 f"but the job has {workers // per}"
             )
-        out += [
-            f"worker_pools: a torchft job has one {role} (got {pools[role]})"
-            for role in TORCHFT_SERVICES
-            if pools.get(role, 1) != 1
-        ]
+        if pools.get("lighthouse", 1) != 1:
+            out.append(
+                f"worker_pools: a torchft job has one lighthouse (got {pools['lighthouse']})"
+            )
+        if workers and not workers % per and pools.get("store", workers // per) != workers // per:
+            out.append(
+                f"worker_pools: a torchft job has one store per group ({workers // per}), "
+                f"got {pools['store']}"
+            )
         if spec.fault_tolerance.execution_mode.value != "async":
             out.append(
                 "fault_tolerance.execution_mode: a torchft job is async (a group restarts "

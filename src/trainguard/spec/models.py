@@ -307,7 +307,7 @@ class JobSpec(_Model):
         if preset.success_policy and data.get("success_policy") is None:
             data = {**data, "success_policy": preset.success_policy}
         if isinstance(pools, list):
-            services = preset.service_pools(pools)
+            services = preset.service_pools(pools, data)
             if services:
                 data = {**data, "worker_pools": [*pools, *services]}
         return data

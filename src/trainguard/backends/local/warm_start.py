@@ -99,8 +99,6 @@ class WarmStart:
     def why_cold(self, launch: Launch) -> str | None:
         """Why this replica cannot fork from the zygote, or None when it can; noted (once
         per replica and reason) where there is a zygote to say it of."""
-        if SERVICE_ENV in launch.env:
-            return "a service of the framework"
         if self.zygote is None:
             return "no preload process"
         why = self._why_not(self.zygote, launch)
