@@ -355,8 +355,8 @@ def test_build_spec_missing_file(tmp_path: Path) -> None:
 
 def test_an_unknown_framework_is_the_only_problem_named() -> None:
     assert _build_problems("--framework", "nope", "--nproc", "2", "--", "python", "x.py") == [
-        "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch', 'torchft' or 'generic', "
-        "got 'nope' (from --framework)"
+        "framework: must be one of 'pytorch', 'tensorflow', 'mpi', 'batch', 'torchft' or "
+        "'generic', got 'nope' (from --framework)"
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -126,6 +127,13 @@ TORCHFT_SERVICES = ("lighthouse", "store")
 """The torchft job's own processes: the Lighthouse, and each group's store."""
 
 
+def _lighthouse() -> str:
+    """torchft's Lighthouse: the one installed beside this Python (a venv used without
+    activating it), else whichever the PATH finds."""
+    beside = Path(sys.executable).parent / "torchft_lighthouse"
+    return str(beside) if beside.is_file() else "torchft_lighthouse"
+
+
 def _groups(pools: Sequence[Any], options: Any) -> int:
     """The replica groups of a torchft job's raw pools and options (1 where those are not
     valid yet: the spec's checks name the problem)."""
@@ -151,7 +159,7 @@ class TorchftRules(FrameworkRules):
         have = {p.get("role") for p in pools if isinstance(p, dict)}
         out: list[dict[str, Any]] = []
         if "lighthouse" not in have:
-            out.append({"role": "lighthouse", "command": ["torchft_lighthouse"]})
+            out.append({"role": "lighthouse", "command": [_lighthouse()]})
         if "store" not in have:  # one per group: restarted with it, so always fresh
             store = [sys.executable, "-m", "trainguard.frameworks.torchft_store"]
             groups = _groups(pools, data.get("torchft"))
