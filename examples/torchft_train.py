@@ -105,7 +105,7 @@ def main() -> None:
         done = manager.current_step()
         print(
             f"step {done} group {group} rank {rank} participants "
-            f"{manager.num_participants()} loss {loss.item():.5f}",
+            f"{manager.num_participants()} loss {loss.item():.5f} t={time.time():.3f}",
             flush=True,
         )
         committed = args.ckpt_every and done % args.ckpt_every == 0 and done > step
