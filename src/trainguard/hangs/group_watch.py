@@ -1,5 +1,5 @@
 """Hang detection per replica group (torchft): a silent group is a hung group, even while
-the other groups train and print.
+the other groups train and print. With no groups it is the job's watch alone.
 
 The job's own watch stays what it is (job-wide; off in async mode, as AIMaster's); each
 group gets a watch of its own over its members' output and SDK calls, on whenever the
@@ -96,4 +96,7 @@ class GroupedHangWatch(HangWatch):
             watch.scope(replica, seconds)
 
     async def run(self) -> None:
+        if not self.watches:
+            await super().run()
+            return
         await asyncio.gather(super().run(), *(w.run() for w in self.watches))

@@ -109,7 +109,11 @@ class MasterCore:
         self._group_stops = 0
         self._group_records: dict[int, int] = {}
         sync = self.ft.execution_mode is ExecutionMode.SYNC
-        self.hangs = HangWatch(
+        # The job's watch, and one per replica group where the framework has groups.
+        self.hangs = GroupedHangWatch(
+            groups=[self._ranks(members) for members in self.roles.groups],
+            group_output=backend.last_output_s,
+            groups_enabled=self.ft.enable_job_hang_detection,
             enabled=sync and self.ft.enable_job_hang_detection,
             interval_s=self.ft.job_hang_interval,
             post=self.post,
@@ -117,18 +121,6 @@ class MasterCore:
             clock=clock,
             startup_timeout_s=self.ft.startup_timeout_s,
         )
-        if self.roles.groups:
-            self.hangs = GroupedHangWatch(
-                groups=[self._ranks(members) for members in self.roles.groups],
-                group_output=backend.last_output_s,
-                groups_enabled=self.ft.enable_job_hang_detection,
-                enabled=sync and self.ft.enable_job_hang_detection,
-                interval_s=self.ft.job_hang_interval,
-                post=self.post,
-                output_activity=backend.last_output_s,
-                clock=clock,
-                startup_timeout_s=self.ft.startup_timeout_s,
-            )
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
         self._exit_hang_timer: asyncio.TimerHandle | None = None
         self.inbox = Inbox(self.hangs, recorder, say, clock)
@@ -278,7 +270,7 @@ class MasterCore:
 
     def _watch_of(self, group: int | None) -> HangWatch:
         """The hang watch of a replica group (torchft), or the job's (None)."""
-        if group is not None and isinstance(self.hangs, GroupedHangWatch):
+        if group is not None:
             return self.hangs.group(group)
         return self.hangs
 
