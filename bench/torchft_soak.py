@@ -155,7 +155,7 @@ def _victim_pid(tool: str, home: Path, env: dict[str, str], name: str, tag: str)
 
 def _one(
     tool: str, duration: float, every: float, hang_s: float, faulty: bool, out: Path
-) -> tuple[list[tuple[int, float]], list[str], Path]:
+) -> tuple[list[tuple[int, float]], list[str], Path, list[tuple[float, str]]]:
     home = Path(tempfile.mkdtemp(prefix=f"soak-{tool}-", dir=out))
     tag = home.name
     env = {
@@ -176,6 +176,7 @@ def _one(
         start_new_session=True,
     )
     faults: list[str] = []
+    hits: list[tuple[float, str]] = []  # (when, replica) of each fault sent
     kinds = ("SIGKILL", "SIGSTOP")
     k = 0
     victims = ("worker-1", "worker-2")
@@ -193,6 +194,7 @@ def _one(
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, getattr(signal, kind))
+            hits.append((time.time(), name))
             faults.append(f"{time.time() - t0:.0f}s {kind} {name} (pid {pid})")
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -211,7 +213,7 @@ def _one(
         for line in (home / "out.log").read_text(errors="replace").splitlines()
         if (m := pattern.search(line))
     ]
-    return [(s, t) for s, t in steps if t - t0 <= duration], faults, home
+    return [(s, t) for s, t in steps if t - t0 <= duration], faults, home, hits
 
 
 def _max_step(steps: list[tuple[int, float]]) -> int:
@@ -227,38 +229,42 @@ def _restarts_of(steps: list[tuple[int, float]]) -> list[int]:
     return lost
 
 
-def _torchft_healthy(home: Path) -> int:
+def _torchft_healthy(home: Path, hits: list[tuple[float, str]], notes: list[str]) -> int:
+    """Processes restarted that no fault hit: a group restart whose replica was not just
+    hit (a healthy group taken for hung: its rank and its store), and every process but
+    the victim for a restart of the whole job; each restart is listed in `notes`."""
     env = {**os.environ, "TRAINGUARD_HOME": str(home / "tg")}
-    jobs = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "trainguard", "jobs", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-        ).stdout
-        or "[]"
-    )
+    jobs = json.loads(_trainguard(env, "jobs", "--json") or "[]")
     if not jobs:
         return 0
+    healthy = 0
+    for r in json.loads(_trainguard(env, "records", jobs[0]["id"], "--json") or "[]"):
+        decision, at = str(r["decision"]), float(r["at_s"])
+        hit = any(name == r["replica"] and 0 <= at - t <= 20 for t, name in hits)
+        notes.append(f"restart of {r['replica']} ({'hit' if hit else 'NOT hit'}): {decision[:60]}")
+        if decision.startswith("RestartJob"):
+            healthy += 2 * WORLD - 1
+        elif decision.startswith("RestartGroup") and not hit:
+            healthy += 2
+    return healthy
+
+
+def _trainguard(env: dict[str, str], *args: str) -> str:
     res = subprocess.run(
-        [sys.executable, "-m", "trainguard", "records", jobs[0]["id"], "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-m", "trainguard", *args], env=env, capture_output=True, text=True
     )
-    records = json.loads(res.stdout or "[]")
-    return sum(2 * WORLD - 1 for r in records if str(r["decision"]).startswith("RestartJob"))
+    return res.stdout
 
 
 def run(tool: str, duration: float, every: float, hang_s: float, out: Path) -> Result:
     r = Result(tool)
-    clean, _, _ = _one(tool, duration, every, hang_s, False, out)
-    steps, r.faults, home = _one(tool, duration, every, hang_s, True, out)
+    clean, _, _, _ = _one(tool, duration, every, hang_s, False, out)
+    steps, r.faults, home, hits = _one(tool, duration, every, hang_s, True, out)
     r.steps_clean, r.steps_faulty = _max_step(clean), _max_step(steps)
     done = [f for f in r.faults if "skipped" not in f]
     lost = _restarts_of(steps)
     if tool == "torchft":
-        r.healthy_restarts = _torchft_healthy(home)
+        r.healthy_restarts = _torchft_healthy(home, hits, r.notes)
         r.lost_per_fault = len(lost) / max(1, len(done))  # each: one uncommitted step
         if any(n > 1 for n in lost):
             r.notes.append(f"the observer went back {max(lost)} steps once: a job restart")
