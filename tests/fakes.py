@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +20,7 @@ from trainguard.backends.api import (
     ReplicaExited,
     ReplicaStarted,
 )
+from trainguard.backends.net import free_port
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.master.loop import Master
 from trainguard.policy.classes import ExitEvidence
@@ -73,6 +74,11 @@ class FakeBackend:
             raise NoCapacity(self.no_capacity)
         self.port += 1
         return "127.0.0.1", self.port
+
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        return {r: kept.get(r) or f"127.0.0.1:{free_port()}" for r in replicas}
 
     async def start(self, launches: Sequence[Launch]) -> None:
         if self.fail_start:

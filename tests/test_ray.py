@@ -178,3 +178,48 @@ def test_a_killed_master_takes_its_replicas_along_and_resume_goes_on(
     assert res.returncode == 0, res.stderr
     status = rtg.only_job()
     assert status["state"] == "SUCCEEDED" and status["attempts"] == 2
+
+
+def test_a_torchft_group_on_ray_restarts_alone_and_heals_from_its_peer(
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """torchft's groups, Lighthouse and stores placed on the cluster's nodes (each at its
+    node's address); a killed group restarts alone on its node and heals."""
+    pytest.importorskip("torchft")
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "torchft_train.py")
+    out = tmp_path / "out"
+    data = {
+        "name": "ft-on-ray",
+        "framework": "torchft",
+        "backend": "ray",
+        "ray": {"address": ray_cluster.address, "driver_ip": LOOPBACK},
+        "worker_pools": [
+            {
+                "replicas": 2,
+                "command": [
+                    sys.executable,
+                    example,
+                    "--steps",
+                    "200",
+                    "--step-time",
+                    "0.03",
+                    "--out",
+                    str(out),
+                ],
+                "resources": {"cpus": 1},
+            }
+        ],
+        "fault_injection": ["signal:worker-1:SIGKILL@6s"],
+    }
+    path = tmp_path / "ft.yaml"
+    path.write_text(yaml.safe_dump(data))
+    res = rtg("run", "--quiet", "-f", str(path), timeout=240)
+    status = _status(rtg)
+    assert res.returncode == 0 and status is not None, res.stderr[-3000:]
+    assert status["state"] == "SUCCEEDED"
+    restarts = rtg.json("records", status["id"])
+    assert [str(r["decision"]).split(":")[0] for r in restarts] == ["RestartGroup(group 1"]
+    runs = {r["name"]: r for r in status["replicas"]}
+    assert runs["worker-0"]["restart"] == 0 and runs["worker-1"]["restart"] == 1
+    digests = {p.read_text() for p in out.glob("group-*.sha")}
+    assert len(list(out.glob("group-*.sha"))) == 2 and len(digests) == 1

@@ -84,7 +84,6 @@ def test_a_torchft_spec_gets_its_lighthouse_and_one_store_per_group() -> None:
         ),
         ({"torchft": {"min_replicas": 4}}, "torchft.min_replicas: 4 groups for a quorum"),
         ({"fault_tolerance": {"execution_mode": "sync"}}, "a torchft job is async"),
-        ({"backend": "ray"}, "framework torchft runs on the local backend only"),
         ({"worker_pools": [{"role": "chief", "command": ["x"]}]}, "has no role 'chief'"),
         ({"torchft": {"heartbeat_timeout_ms": 5}}, "torchft.heartbeat_timeout_ms"),
         (
@@ -381,6 +380,26 @@ def test_a_silent_group_is_a_hung_group(tmp_path: Path) -> None:
         assert (rec.decision or "").startswith("RestartGroup(group 1")
         assert "Replica group 1 hung" in (rec.error_message or "")
         watch.cancel()
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_the_services_keep_their_addresses_across_a_job_restart(tmp_path: Path) -> None:
+    """The backend keeps each replica's address while it runs where it did (locally:
+    always), so the Lighthouse and the stores come back where the groups look for them."""
+
+    async def scenario() -> None:
+        be = FakeBackend()
+        m, _ = _master(tmp_path, be, groups=1)
+        await m.begin()
+        await _drain(m)
+        before = dict(m.launches.tasks)
+        be.exit("worker-0", -9)  # the only group: no peer, the job restarts
+        await _drain(m)
+        assert m.attempt == 1 and dict(m.launches.tasks) == before
+        stores = [la.argv[-1] for la in be.launches if la.replica == "store-0"]
+        assert len(stores) == 2 and stores[0] == stores[1]
         await m.shutdown()
 
     asyncio.run(scenario())

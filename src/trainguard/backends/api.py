@@ -109,6 +109,15 @@ class Backend(Protocol):
     async def rendezvous(self) -> tuple[str, int]:
         """A fresh (MASTER_ADDR, MASTER_PORT) for a new attempt."""
 
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        """An address (host:port, free now) where each replica runs, for presets whose
+        replicas listen where the others must know (TensorFlow's cluster, torchft's
+        services). `kept`: the job's addresses so far; each stays while its replica still
+        runs where it did, so a replica restarted alone finds its peers again. Called after
+        `rendezvous`, once per attempt."""
+
     async def start(self, launches: Sequence[Launch]) -> None:
         """Start every launch in parallel; each ends in a ReplicaStarted or ReplicaExited."""
 

@@ -46,6 +46,10 @@ class Attempts(MasterCore):
         try:
             self.gpus.assign()
             self._rendezvous = await self.backend.rendezvous()
+            if self.preset.task_addresses:
+                names = [p.name for p in self.launches.plans]
+                tasks = await self.backend.task_addresses(names, self.launches.tasks)
+                self.launches.use_tasks(tasks)
         except (NotEnoughGpus, NoCapacity) as exc:
             gpus = isinstance(exc, NotEnoughGpus)
             reason = f"not enough GPUs: {exc}" if gpus else str(exc)

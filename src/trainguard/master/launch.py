@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.backends.api import SERVICE_ENV, Launch
-from trainguard.backends.net import free_port
 from trainguard.frameworks import EnvContext, Preset, Roster
 from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
 from trainguard.spec.models import JobSpec
@@ -28,6 +27,16 @@ class LaunchBuilder:
     spec: JobSpec | None = None
     roster: Roster | None = field(default=None, init=False)
 
+    def use_tasks(self, tasks: Mapping[str, str]) -> None:
+        """The replicas' own addresses for this attempt (the backend's; the same as the
+        last attempt's wherever a replica runs where it did)."""
+        if self.roster is None or dict(self.roster.task_addresses) != dict(tasks):
+            self.roster = Roster(self.plans, dict(tasks), self.spec)
+
+    @property
+    def tasks(self) -> Mapping[str, str]:
+        return self.roster.task_addresses if self.roster is not None else {}
+
     def log_path(self, attempt: int, replica: str, restart: int) -> Path:
         """One file per replica per attempt; a replica restarted alone gets `.rN`."""
         suffix = f".r{restart}" if restart else ""
@@ -45,14 +54,7 @@ class LaunchBuilder:
         """`channel`: the SDK's variables for this job (master URL, token, checkpoints)."""
         addr, port = rendezvous
         if self.roster is None:
-            # Task addresses are stable for the job's life: a replica restarted alone
-            # rejoins the same cluster.
-            tasks = (
-                {p.name: f"{addr}:{free_port(addr)}" for p in self.plans}
-                if self.preset.task_addresses
-                else {}
-            )
-            self.roster = Roster(self.plans, tasks, self.spec)
+            self.roster = Roster(self.plans, {}, self.spec)
         log_path = self.log_path(attempt, plan.name, restart)
         ctx = EnvContext(
             plan=plan,

@@ -127,6 +127,10 @@ TORCHFT_SERVICES = ("lighthouse", "store")
 """The torchft job's own processes: the Lighthouse, and each group's store."""
 
 
+_SMALL = {"cpus": 0.1}
+"""What a service asks of a Ray node: it serves, it does not compute."""
+
+
 def _lighthouse() -> str:
     """torchft's Lighthouse: the one installed beside this Python (a venv used without
     activating it), else whichever the PATH finds."""
@@ -153,17 +157,17 @@ class TorchftRules(FrameworkRules):
     # Groups restart alone: that is the point of torchft.
     ft_defaults: ClassVar[Mapping[str, Any]] = {"execution_mode": "async"}
     success_policy = "all"
-    backends = frozenset({"local"})
+    backends = frozenset({"local", "ray"})
 
     def service_pools(self, pools: Sequence[Any], data: Mapping[str, Any]) -> list[dict[str, Any]]:
         have = {p.get("role") for p in pools if isinstance(p, dict)}
         out: list[dict[str, Any]] = []
         if "lighthouse" not in have:
-            out.append({"role": "lighthouse", "command": [_lighthouse()]})
+            out.append({"role": "lighthouse", "command": [_lighthouse()], "resources": _SMALL})
         if "store" not in have:  # one per group: restarted with it, so always fresh
             store = [sys.executable, "-m", "trainguard.frameworks.torchft_store"]
             groups = _groups(pools, data.get("torchft"))
-            out.append({"role": "store", "replicas": groups, "command": store})
+            out.append({"role": "store", "replicas": groups, "command": store, "resources": _SMALL})
         return out
 
     def problems(self, spec: JobSpec) -> list[str]:

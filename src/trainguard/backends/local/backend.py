@@ -146,6 +146,11 @@ class LocalBackend:
         port = await self._warm.store_port(self._host)
         return self._host, free_port(self._host) if port is None else port
 
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        return {r: kept.get(r) or f"{self._host}:{free_port(self._host)}" for r in replicas}
+
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:

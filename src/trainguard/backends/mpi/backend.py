@@ -88,6 +88,11 @@ class MpiBackend:
     async def rendezvous(self) -> tuple[str, int]:
         return await self._inner.rendezvous()
 
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        return await self._inner.task_addresses(replicas, kept)
+
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:

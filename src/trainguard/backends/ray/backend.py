@@ -194,6 +194,23 @@ class RayBackend:
             raise NoCapacity("rank 0's actor did not answer within 10 s") from None
         return wheres[0]["ip"], port
 
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        """On the node each replica's actor was placed on: its address, a port free there
+        (a kept address stays while the replica's node is the same)."""
+
+        async def one(name: str) -> str:
+            ip = self._nodes[name]["ip"]
+            old = kept.get(name)
+            if old is not None and old.rpartition(":")[0].strip("[]") == ip:
+                return old
+            port = int(await bounded(self._actors[name].free_port.remote(), CALL_S))
+            return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+        found = await asyncio.gather(*(one(r) for r in replicas))
+        return dict(zip(replicas, found, strict=True))
+
     async def _same_placement(self) -> tuple[str, int] | None:
         """Rank 0's node and a new port where the last attempt's placement still holds
         (no node lost): the same actors host the restart, with no new placement group and

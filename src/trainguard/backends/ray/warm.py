@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainguard.backends.api import Launch
+from trainguard.backends.api import SERVICE_ENV, Launch
 from trainguard.backends.local.preload_plan import resolve
 from trainguard.backends.local.warm_start import common_env, mark_hosted
 from trainguard.backends.local.zygote import expand
@@ -38,8 +38,9 @@ class NodeZygotes:
     ) -> None:
         """At the first start, what to import (`auto`: what the program needs); at every
         start, a zygote for each node of the placement that has none."""
+        launches = [launch for launch in launches if SERVICE_ENV not in launch.env]
         if not launches:
-            return
+            return  # services do not count: the replicas' program decides what to import
         if not self._planned:
             self._planned = True
             first = launches[0]
