@@ -76,14 +76,14 @@ def test_a_master_that_is_down_is_a_status_not_an_exception(
 
 # AIMaster's staged hang detection example (its documentation, "Configure staged job hang
 # detection"), with the import line changed and `...` filled in: a training phase with a
-# 3 s interval and an evaluation phase with detection off. The evaluation is silent for
-# 6 s (past the job's 4 s interval): not a hang. The second epoch's training stalls.
+# 1.5 s interval and an evaluation phase with detection off. The evaluation is silent for
+# 3 s (past the job's 2 s interval): not a hang. The second epoch's training stalls.
 STAGED = """
 import os, sys, time
 from trainguard.aimaster import job_monitor as jm
 
 jm_config_params = {
-    "job_hang_interval": 4
+    "job_hang_interval": 2
 }
 jm_config = jm.PyTorchConfig(**jm_config_params)
 monitor = jm.Monitor(config=jm_config)
@@ -98,7 +98,7 @@ hang_detect = jm.hang_detect
 
 restart = int(os.environ["TRAINGUARD_RESTART_COUNT"])
 
-@hang_detect(3)
+@hang_detect(1.5)
 def train(epoch):
     for step in range(5):
         print(f"train epoch {epoch} step {step}", flush=True)
@@ -109,8 +109,8 @@ def train(epoch):
 
 @hang_detect(-1)
 def test(epoch):
-    print(f"evaluating epoch {epoch}, silent for 6 s", flush=True)
-    time.sleep(6)
+    print(f"evaluating epoch {epoch}, silent for 3 s", flush=True)
+    time.sleep(3)
 
 for epoch in range(0, 2):
     train(epoch)
@@ -129,8 +129,8 @@ def test_aimasters_staged_hang_example_as_documented(tg: TG, tmp_path: Path) -> 
     assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2), job
     (f,) = tg.json("explain", job["id"])["failures"]
     assert f["failure_class"] == "hang", f
-    assert "interval 3 s" in json.dumps(f), f  # the training phase's, not the job's 4 s
+    assert "interval 1.5 s" in json.dumps(f), f  # the training phase's, not the job's 2 s
     log0 = tg("logs", job["id"], "--attempt", "0").stdout
-    assert "evaluating epoch 0, silent for 6 s" in log0 and "train epoch 1 step 0" in log0
+    assert "evaluating epoch 0, silent for 3 s" in log0 and "train epoch 1 step 0" in log0
     assert "stalling in training" in log0  # the hang was in training, not in the silence
     assert "done" in tg("logs", job["id"]).stdout

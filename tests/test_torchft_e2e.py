@@ -65,12 +65,12 @@ def _lost_steps(log: Path) -> int:
 def test_three_kills_of_a_group_cost_the_other_groups_nothing(tmp_path: Path) -> None:
     """3 groups of 2 ranks; group 1's ranks SIGKILLed 3 times at random moments."""
     rng = random.Random(18)
-    at = [4 + 5 * i + rng.uniform(0, 2) for i in range(3)]
+    at = [4 + 4 * i + rng.uniform(0, 1.5) for i in range(3)]
     victims = [rng.choice(("worker-2", "worker-3")) for _ in at]
     injections = [f"--inject=signal:{v}:SIGKILL@{t:.1f}s" for v, t in zip(victims, at, strict=True)]
     tg = TG(tmp_path / "home")
     out = tmp_path / "out"
-    train = ("--steps", "450", "--step-time", "0.03", "--out", str(out))
+    train = ("--steps", "350", "--step-time", "0.03", "--out", str(out))
     _run(tg, 3, 2, *injections, train=train)
     status, restarts, runs = _job(tg)
     assert status["state"] == "SUCCEEDED", (injections, status)
@@ -91,8 +91,8 @@ def test_three_kills_of_a_group_cost_the_other_groups_nothing(tmp_path: Path) ->
 
 def test_a_lighthouse_kill_is_survived_without_restarting_a_group(tmp_path: Path) -> None:
     tg = TG(tmp_path / "home")
-    train = ("--steps", "250", "--step-time", "0.03")
-    _run(tg, 2, 1, "--inject=signal:lighthouse-0:SIGKILL@5s", train=train)
+    train = ("--steps", "200", "--step-time", "0.03")
+    _run(tg, 2, 1, "--inject=signal:lighthouse-0:SIGKILL@4s", train=train)
     status, restarts, runs = _job(tg)
     assert status["state"] == "SUCCEEDED"
     (restart,) = restarts
