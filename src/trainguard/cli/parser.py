@@ -30,6 +30,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: an interval from 0.1 s to a day, else one line saying so."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be from 0.1 to 86400 seconds, got {text}")
+    return value
+
+
 def _count(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: a whole number from `lo` to `hi`, else one line naming the range."""
 
@@ -135,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true")
         if name == "records":
             sp.add_argument("--aggregate", action="store_true", help="group faults by error")
+        if name == "status":
+            sp.add_argument(
+                "-w",
+                "--watch",
+                nargs="?",
+                const=2.0,
+                type=_seconds,
+                metavar="SECONDS",
+                help="show it again every SECONDS (default 2) until the job ends",
+            )
 
     gp = sub.add_parser(
         "goodput", parents=[remote], help="how much of the job's time trained, where the rest went"

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainguard.records.explain import (
@@ -16,6 +17,7 @@ from trainguard.records.explain import (
     print_explain,
 )
 from trainguard.records.queries import Reader
+from trainguard.states import JobState
 
 if TYPE_CHECKING:
     pass
@@ -48,25 +50,64 @@ def cmd_jobs(args: argparse.Namespace, reader: Reader) -> int:
 
 
 def cmd_status(args: argparse.Namespace, reader: Reader) -> int:
-    view = reader.status(args.job)
-    if args.json:
-        dump_json(view)
+    every = getattr(args, "watch", None)
+    if every is None:
+        view = reader.status(args.job)
+        print(json.dumps(view, indent=2, sort_keys=True) if args.json else status_text(view))
         return 0
-    print(f"job       {view['id']} ({view['name']})")
-    print(f"state     {view['state']}")
+    return watch_status(args.job, reader, every, args.json)
+
+
+def watch_status(
+    job: str,
+    reader: Reader,
+    every_s: float,
+    as_json: bool,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """`status -w`: the status again every `every_s` seconds while it changes, until the
+    job ends (or Ctrl-C). On a terminal each one replaces the last; otherwise (a pipe, a
+    log) each change is printed below the last, so nothing scrolls by unchanged. --json: one
+    JSON object per line per change."""
+    tty = sys.stdout.isatty() and not as_json
+    last = ""
+    try:
+        while True:
+            view = reader.status(job)
+            text = json.dumps(view, sort_keys=True) if as_json else status_text(view)
+            if text != last:
+                if tty:
+                    sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the new one replaces it
+                elif last and not as_json:
+                    print()
+                print(text, flush=True)
+                last = text
+            if JobState(view["state"]).is_terminal:
+                return 0
+            sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def status_text(view: dict[str, Any]) -> str:
+    lines = [f"job       {view['id']} ({view['name']})", f"state     {view['state']}"]
     if view.get("queued_reason"):
-        print(f"queue     {view['queued_reason']}")
-    print(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
-    print(f"created   {fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}")
+        lines.append(f"queue     {view['queued_reason']}")
+    lines.append(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
+    lines.append(
+        f"created   {fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}"
+    )
     if view["error_message"]:
-        print(f"error     [{view['error_code']}] {view['error_message']}")
-    print(f"logs      {view['log_dir']}")
-    print("replicas:")
+        lines.append(f"error     [{view['error_code']}] {view['error_message']}")
+    lines.append(f"logs      {view['log_dir']}")
+    lines.append("replicas:")
     for r in view["replicas"]:
         code = "" if r["exit_code"] is None else f" exit {r['exit_code']}"
         sig = f" ({r['signal']})" if r["signal"] else ""
-        print(f"  {r['name']:<12} rank {r['rank']:<3} {r['state']:<10} pid {r['pid']}{code}{sig}")
-    return 0
+        lines.append(
+            f"  {r['name']:<12} rank {r['rank']:<3} {r['state']:<10} pid {r['pid']}{code}{sig}"
+        )
+    return "\n".join(lines)
 
 
 def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
