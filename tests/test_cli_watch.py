@@ -1,12 +1,15 @@
-"""`trainguard status -w`: the status again while it changes, until the job ends."""
+"""`trainguard status -w` (the status again while it changes, until the job ends) and
+`trainguard completion` (a shell completion script made from the parser)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
 
+from trainguard.cli import completion
 from trainguard.cli.parser import build_parser
 from trainguard.cli.readers import watch_status
 
@@ -89,3 +92,36 @@ def test_a_watch_interval_that_makes_no_sense_is_refused(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["status", "job-1", "-w", "0"])
     assert "must be from 0.1 to 86400 seconds" in capsys.readouterr().err
+
+
+def _complete(tmp_path: Any, *words: str) -> list[str]:
+    """What bash completes for `trainguard WORDS...` (the last word being typed)."""
+    script = tmp_path / "tg.bash"
+    script.write_text(completion.script(build_parser(), "bash"))
+    line = " ".join(f"'{w}'" for w in ("trainguard", *words))
+    res = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+            '_trainguard; printf "%s\\n" "${COMPREPLY[@]}"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    return sorted(w for w in res.stdout.splitlines() if w)
+
+
+def test_bash_completes_commands_and_each_commands_flags(tmp_path: Any) -> None:
+    assert _complete(tmp_path, "st") == ["stacks", "status"]
+    assert "_master" not in _complete(tmp_path, "")  # internal: never offered
+    assert _complete(tmp_path, "status", "job-1", "--w") == ["--watch"]
+    assert "--nproc-per-group" in _complete(tmp_path, "run", "--nproc")
+
+
+def test_the_zsh_script_is_the_bash_one_through_bashcompinit() -> None:
+    text = completion.script(build_parser(), "zsh")
+    assert text.startswith("autoload -U +X bashcompinit && bashcompinit\n")
+    assert "complete -F _trainguard trainguard" in text

@@ -2,4 +2,4 @@
 
 from trainguard.cli.main import main
 
-__all__ = ["client", "main", "parser", "readers", "spec_flags"]
+__all__ = ["client", "completion", "main", "parser", "readers", "spec_flags"]

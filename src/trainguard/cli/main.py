@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard.cli import completion
 from trainguard.cli.parser import EXIT_CANCELLED, EXIT_FAILED, EXIT_USAGE, build_parser
 from trainguard.cli.readers import (
     cmd_classify,
@@ -262,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(args.home).resolve() if args.home else None
         if args.cmd == "classify":
             return cmd_classify(args)
+        if args.cmd == "completion":
+            print(completion.script(build_parser(), args.shell), end="")
+            return 0
         if args.cmd == "server":
             return cmd_server(args)
         if args.cmd in ("run", "submit"):

@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
     cl.add_argument("--json", action="store_true")
 
+    co = sub.add_parser("completion", help="a shell completion script: bash or zsh")
+    co.add_argument("shell", choices=("bash", "zsh"))
+
     logs = sub.add_parser("logs", parents=[remote], help="a replica's log")
     logs.add_argument("job", help="job id or name")
     logs.add_argument("--replica", help="replica name, e.g. worker-1 (default: the primary)")
