@@ -103,11 +103,8 @@ class MasterCore:
         self._attempt_failures: list[Failure] = []
         self._background: set[asyncio.Future[Any]] = set()
         self._applied: list[Decision] = []  # what the current turn of the loop applied
-        # Replica groups stopped for a restart alone (torchft): group -> which stop, and
-        # the restart record each one's rejoin completes.
+        # Replica groups stopped for a restart alone (torchft): group -> its restart record.
         self._groups_down: dict[int, int] = {}
-        self._group_stops = 0
-        self._group_records: dict[int, int] = {}
         sync = self.ft.execution_mode is ExecutionMode.SYNC
         # The job's watch, and one per replica group where the framework has groups.
         self.hangs = GroupedHangWatch(

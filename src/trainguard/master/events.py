@@ -31,7 +31,7 @@ class GroupRejoin:
 
     attempt: int
     group: int
-    down: int  # which of the group's stops this ends (a later one supersedes it)
+    record_id: int  # the restart record of the stop it ends (a later stop supersedes it)
 
 
 MasterEvent = (

@@ -71,9 +71,7 @@ class Groups(Attempts):
         """Stop the group's live members now; start them all once `after_s` has passed
         since the failure (a `GroupRejoin`). No other group is touched."""
         record_id = self.ledger.restart(decision, failure, seen_s)
-        self._group_stops += 1
-        self._groups_down[decision.group] = self._group_stops
-        self._group_records[decision.group] = record_id
+        self._groups_down[decision.group] = record_id
         members = set(decision.replicas)
         self._watch_of(decision.group).disarm()  # stopped: its silence is no hang
         t0 = self.clock()
@@ -87,13 +85,13 @@ class Groups(Attempts):
             rep.state, rep.pid, rep.run_id = ReplicaState.STOPPED, None, None
         t1 = self.clock()
         wait = max(0.0, decision.after_s - (t1 - failure.time_s))
-        rejoin = GroupRejoin(self.attempt, decision.group, self._group_stops)
+        rejoin = GroupRejoin(self.attempt, decision.group, record_id)
         asyncio.get_running_loop().call_later(wait, self.post, rejoin)
         self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=wait * 1000)
         self.say(f"group {decision.group} stopped; it rejoins in {wait:.1f} s")
 
     async def _on_group_rejoin(self, ev: GroupRejoin) -> None:
-        if ev.attempt != self.attempt or self._groups_down.get(ev.group) != ev.down:
+        if ev.attempt != self.attempt or self._groups_down.get(ev.group) != ev.record_id:
             return  # a new attempt, or a later stop of the same group, supersedes it
         if self.state is not JobState.RUNNING:
             return
@@ -108,6 +106,4 @@ class Groups(Attempts):
         )
         await self.backend.start(launches)
         self._record_warm_start()
-        record_id = self._group_records.pop(ev.group, None)
-        if record_id is not None:
-            self.rec.restart_phases(record_id, start_ms=(self.clock() - t0) * 1000)
+        self.rec.restart_phases(ev.record_id, start_ms=(self.clock() - t0) * 1000)

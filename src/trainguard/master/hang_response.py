@@ -38,8 +38,8 @@ class HangResponse(MasterCore):
             return
         detected_s = self.clock()
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
+        ranks = [] if ev.group is None else self._ranks(self.roles.groups[ev.group])
         if ev.group is not None:  # that group's ranks: the others are training
-            ranks = self._ranks(self.roles.groups[ev.group])
             live = {n: r for n, r in live.items() if n in ranks}
             if not live:
                 return  # every rank of it has ended: nothing is silent there
@@ -66,8 +66,7 @@ class HangResponse(MasterCore):
             watch.rearm()
             self.ledger.snapshot_id = None
             return
-        group = self._ranks(self.roles.groups[ev.group]) if ev.group is not None else []
-        who = diag.culprit or ev.replica or (group[0] if group else self.primary)
+        who = diag.culprit or ev.replica or (ranks[0] if ranks else self.primary)
         c = hang_failure(
             ev.kind,
             who,
@@ -75,7 +74,7 @@ class HangResponse(MasterCore):
             ev.idle_s,
             diag.report.summary,
             diag.where,
-            group=None if ev.group is None else (ev.group, group),
+            group=None if ev.group is None else (ev.group, ranks),
         )
         tail = self.backend.log_tail(who)  # its last step: a hang at the same one recurs
         failure = self._failure_of(who, self.attempt, self.replicas[who].pid, detected_s, c, tail)
