@@ -18,6 +18,7 @@ from trainguard.backends.api import (
     Launch,
     NoCapacity,
     ReplicaExited,
+    ReplicaOutput,
     ReplicaStarted,
 )
 from trainguard.backends.net import free_port
@@ -114,6 +115,11 @@ class FakeBackend:
             progressed=progressed,
         )
         self.emit(ReplicaExited(launch.attempt, replica, launch.restart, 1, ev, 2.0))
+
+    def print(self, replica: str, *lines: str, time_s: float = 1.5) -> None:
+        """The current run of `replica` printed these lines."""
+        launch = self.live[replica]
+        self.emit(ReplicaOutput(launch.attempt, replica, launch.restart, lines, time_s))
 
     def _listen(self, launch: Launch) -> None:
         """A service (torchft's Lighthouse, a store) listens where its command says."""

@@ -218,3 +218,30 @@ def test_a_report_naming_an_uncommitted_checkpoint_is_refused(tmp_path: Path) ->
     name = ck.commit(_folder(tmp_path, "a", "1"), keeper.storage, step=5)
     keeper.on_progress("worker-0", 5, {}, name)
     assert [c[0] for c in rec.calls] == ["progress", "step", "event"]
+
+
+def test_a_long_resume_download_shows_how_far_it_got() -> None:
+    """Issue 20: a download that takes a while says what, how much and how far."""
+    import io
+
+    from trainguard.records.checkpoints import DownloadProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    shown = DownloadProgress("s3://b/job/checkpoint_000040", 4, 40_000_000, lambda: now[0], out)
+    for _ in range(4):
+        now[0] += 2.5
+        shown.advance(10_000_000)
+    shown.done()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        "trainguard: downloading checkpoint s3://b/job/checkpoint_000040 (4 files, 40.0 MB)"
+    )
+    assert lines[1] == "trainguard:   10.0 MB of 40.0 MB (25%), 4.0 MB/s"
+    assert lines[2] == "trainguard:   30.0 MB of 40.0 MB (75%), 4.0 MB/s"  # every 5 s
+    assert lines[-1] == "trainguard: checkpoint downloaded in 10.0 s"
+    quick = io.StringIO()
+    fast = DownloadProgress("s3://b/x", 1, 10, lambda: 0.0, quick)
+    fast.advance(10)
+    fast.done()
+    assert quick.getvalue() == ""

@@ -66,6 +66,8 @@ def test_explain_names_class_rule_line_fingerprint_and_budget(tg: TG) -> None:
     assert "fingerprint  " in out
     assert "job_restarts 1/3 (2 left)" in out
     records = tg("records", "child").stdout
-    assert "source log" in records and "class retryable_message" in records
+    header, _rule, row = records.splitlines()[:3]
+    assert header.split() == ["#", "AT", "NODE", "REPLICA", "CODE", "SOURCE", "CLASS", "DECISION"]
+    assert " log " in row and " retryable_message " in row
     agg = tg("records", "child", "--aggregate").stdout
     assert "1x  retryable_message" in agg and "worker-1" in agg

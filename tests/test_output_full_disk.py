@@ -13,7 +13,8 @@ from trainguard.backends.output import RunOutput
 def test_a_full_disk_keeps_the_tail_and_warns_once(capsys: pytest.CaptureFixture[str]) -> None:
     output._warned.clear()
     seen: list[bool] = []
-    out = RunOutput("worker-0", Path("/dev/full"), None, seen.append)  # writes: ENOSPC
+    # writes fail with ENOSPC
+    out = RunOutput("worker-0", Path("/dev/full"), None, lambda first, _s: seen.append(first))
     for i in range(50):
         out.feed(f"step {i} loss 0.1\n".encode())
     out.close()
@@ -31,7 +32,7 @@ def test_the_log_comes_back_when_it_can_be_written(
     blocker = tmp_path / "logs"
     blocker.write_text("a file where the folder should be")
     log = blocker / "attempt-0" / "worker-0.log"
-    out = RunOutput("worker-0", log, None, lambda _first: None)
+    out = RunOutput("worker-0", log, None, lambda _first, _segments: None)
     out.feed(b"lost line\n")
     blocker.unlink()  # space is back
     out.feed(b"kept line\n")

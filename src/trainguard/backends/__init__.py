@@ -6,6 +6,7 @@ from trainguard.backends.api import (
     Launch,
     ReplicaExited,
     ReplicaFirstOutput,
+    ReplicaOutput,
     ReplicaStarted,
 )
 
@@ -15,5 +16,6 @@ __all__ = [
     "Launch",
     "ReplicaExited",
     "ReplicaFirstOutput",
+    "ReplicaOutput",
     "ReplicaStarted",
 ]

@@ -56,6 +56,17 @@ class ReplicaFirstOutput:
 
 
 @dataclass(frozen=True)
+class ReplicaOutput:
+    """Lines a replica printed (each carriage-return update of a bar apart), in order."""
+
+    attempt: int
+    replica: str
+    restart: int
+    segments: tuple[str, ...]
+    time_s: float
+
+
+@dataclass(frozen=True)
 class ReplicaExited:
     attempt: int
     replica: str
@@ -89,7 +100,20 @@ class ReplicaExited:
         return cls(launch.attempt, launch.replica, launch.restart, pid, ev, time_s)
 
 
-BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaExited
+BackendEvent = ReplicaStarted | ReplicaFirstOutput | ReplicaOutput | ReplicaExited
+
+
+def output_events(
+    launch: Launch, first: bool, segments: tuple[str, ...], time_s: float
+) -> list[BackendEvent]:
+    """What a chunk of a run's output tells the master: its first output, its lines."""
+    la = launch
+    out: list[BackendEvent] = []
+    if first:
+        out.append(ReplicaFirstOutput(la.attempt, la.replica, la.restart, time_s))
+    if segments:
+        out.append(ReplicaOutput(la.attempt, la.replica, la.restart, segments, time_s))
+    return out
 
 
 class Backend(Protocol):

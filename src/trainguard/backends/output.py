@@ -7,6 +7,7 @@ on Ray from the actor that runs the replica on its node.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ LOG_RETRY_S = 5.0
 """How often a log that could not be written is tried again (a disk that filled up)."""
 
 _warned: set[str] = set()
+_SEGMENT_END = re.compile(rb"[\r\n]")
 
 
 def warn_once(text: str) -> None:
@@ -36,9 +38,11 @@ class RunOutput:
         replica: str,
         log_path: Path,
         tee: TextIO | None,
-        on_output: Callable[[bool], None],
+        on_output: Callable[[bool, tuple[str, ...]], None],
     ) -> None:
-        """`on_output(first)` is told of every chunk; `first` is True once, for the first."""
+        """`on_output(first, segments)` is told of every chunk; `first` is True once, for
+        the first; `segments` are the lines it completed, each carriage-return update of a
+        progress bar apart (a bar on a pipe ends no line until it closes)."""
         self.replica = replica
         self.log_path = log_path
         self.log: BinaryIO | None = None
@@ -49,6 +53,7 @@ class RunOutput:
         self._tee = tee
         self._on_output = on_output
         self._partial = b""
+        self._segment = b""
         self._seen = False
         self.last_s = 0.0  # when it last printed (wall clock; 0: not yet)
 
@@ -96,7 +101,7 @@ class RunOutput:
         self._write(data)
         self.last_s = time.time()
         first, self._seen = not self._seen, True
-        self._on_output(first)
+        self._on_output(first, self._segments(data))
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_LINE:
@@ -104,8 +109,20 @@ class RunOutput:
             self._partial = b""
         self._take(lines)
 
+    def _segments(self, data: bytes) -> tuple[str, ...]:
+        parts = _SEGMENT_END.split(self._segment + data)
+        self._segment = parts.pop()
+        if len(self._segment) > MAX_LINE:
+            parts.append(self._segment)
+            self._segment = b""
+        return tuple(
+            text for p in parts if (text := p[:MAX_LINE].decode("utf-8", "replace").strip())
+        )
+
     def end(self) -> None:
         """No more output: the last line without a newline still counts."""
+        if self._segment.strip():
+            self._on_output(False, self._segments(b"\n"))
         if self._partial:
             self._take([self._partial])
             self._partial = b""

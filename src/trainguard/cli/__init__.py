@@ -1,5 +1,15 @@
-"""The command line: the parser and commands, the `run` flags as a spec, the HTTP client."""
+"""The command line: the parser and commands, the `run` flags as a spec, the HTTP client,
+the tables and the live panel of `run`."""
 
 from trainguard.cli.main import main
 
-__all__ = ["client", "completion", "main", "parser", "readers", "spec_flags"]
+__all__ = [
+    "client",
+    "completion",
+    "live",
+    "main",
+    "parser",
+    "readers",
+    "render",
+    "spec_flags",
+]

@@ -7,11 +7,12 @@ never in a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,38 +34,75 @@ from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardErr
 from trainguard.records.engine import default_home
 from trainguard.records.liveness import reap_interrupted
 from trainguard.records.queries import Reader, StoreReader
+from trainguard.records.rows import JobRow
 from trainguard.records.store import Store
 from trainguard.states import JobState
 
 if TYPE_CHECKING:
     from trainguard.cli.client import Client
+    from trainguard.cli.live import LiveRun
     from trainguard.master.events import Outcome
 
 
 def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
-    from trainguard.master.runner import resume_job, run_job
-    from trainguard.records.control import RESUMABLE
+    from trainguard.master.runner import new_job_id, resume_job, run_job
 
     spec = build_spec(args, command)
-    tee = None if args.quiet else sys.stdout
-    if args.resume:
-        reap_interrupted(store)
-        try:
-            job = store.resolve_job(spec.name)
-        except JobNotFound:
-            job = None
-        if job is not None and JobState(job.state) in RESUMABLE:
-            return _report(*resume_job(job, store, tee=tee))
-        if job is not None and not JobState(job.state).is_terminal:
-            raise ResumeError(f"job {job.id} ({spec.name}) is {job.state}: it still runs")
-    return _report(*run_job(spec, store, tee=tee))
+    job = _resumable(store, spec.name) if args.resume else None
+    with _terminal(args, store) as live:
+        tee = None if args.quiet else sys.stdout  # under the panel: its redirection
+        say = live.say if live is not None else None
+        if job is not None:
+            live_job(live, str(job.id))
+            return _report(*resume_job(job, store, tee=tee, say=say))
+        job_id = new_job_id()
+        live_job(live, job_id)
+        return _report(*run_job(spec, store, tee=tee, say=say, job_id=job_id))
+
+
+def _resumable(store: Store, name: str) -> JobRow | None:
+    """`run --resume`: the job of that name to continue; None: start a new one."""
+    from trainguard.records.control import RESUMABLE
+
+    reap_interrupted(store)
+    try:
+        job = store.resolve_job(name)
+    except JobNotFound:
+        return None
+    if JobState(job.state) in RESUMABLE:
+        return job
+    if not JobState(job.state).is_terminal:
+        raise ResumeError(f"job {job.id} ({name}) is {job.state}: it still runs")
+    return None
 
 
 def cmd_resume(args: argparse.Namespace, store: Store) -> int:
     from trainguard.master.runner import resume_job
 
     job = store.resolve_job(args.job)
-    return _report(*resume_job(job, store, tee=None if args.quiet else sys.stdout))
+    with _terminal(args, store) as live:
+        live_job(live, str(job.id))
+        tee = None if args.quiet else sys.stdout
+        say = live.say if live is not None else None
+        return _report(*resume_job(job, store, tee=tee, say=say))
+
+
+def live_job(live: LiveRun | None, job_id: str) -> None:
+    if live is not None:
+        live.job_id = job_id
+
+
+@contextlib.contextmanager
+def _terminal(args: argparse.Namespace, store: Store) -> Iterator[LiveRun | None]:
+    """The live panel on a terminal (not with --plain, nor when stdout is a pipe or a
+    file); None: plain lines, as before."""
+    if getattr(args, "plain", False) or not sys.stdout.isatty():
+        yield None
+        return
+    from trainguard.cli.live import LiveRun
+
+    with LiveRun(StoreReader(store), sys.stdout) as live:
+        yield live
 
 
 def _report(job_id: str, outcome: Outcome) -> int:

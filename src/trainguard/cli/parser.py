@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_flags(run)
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
     run.add_argument(
+        "--plain", action="store_true", help="plain lines, no live panel (as in a pipe)"
+    )
+    run.add_argument(
         "--resume",
         action="store_true",
         help="resume the job of this name if it was interrupted or cancelled, else start it",
@@ -130,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     res.add_argument("job", help="job id or name")
     res.add_argument("--quiet", action="store_true", help="do not tee replica output")
+    res.add_argument(
+        "--plain", action="store_true", help="plain lines, no live panel (as in a pipe)"
+    )
 
     jobs = sub.add_parser("jobs", parents=[remote], help="list jobs")
     jobs.add_argument("--json", action="store_true")

@@ -10,6 +10,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainguard.cli.render import (
+    console,
+    fmt_time,
+    jobs_table,
+    records_renderable,
+    status_renderable,
+    to_text,
+)
 from trainguard.records.explain import (
     classify_file,
     print_aggregate,
@@ -21,10 +29,6 @@ from trainguard.states import JobState
 
 if TYPE_CHECKING:
     pass
-
-
-def fmt_time(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 def dump_json(obj: Any) -> None:
@@ -39,13 +43,7 @@ def cmd_jobs(args: argparse.Namespace, reader: Reader) -> int:
     if not rows:
         print("no jobs yet")
         return 0
-    print(f"{'ID':<22} {'NAME':<20} {'STATE':<12} {'ATTEMPTS':>8}  CREATED")
-    for r in rows:
-        print(
-            f"{r['id']:<22} {r['name'][:20]:<20} {r['state']:<12} {r['attempts']:>8}  "
-            f"{fmt_time(r['created_at_s'])}"
-            + (f"  ({r['queued_reason']})" if r.get("queued_reason") else "")
-        )
+    console().print(jobs_table(rows))
     return 0
 
 
@@ -53,7 +51,10 @@ def cmd_status(args: argparse.Namespace, reader: Reader) -> int:
     every = getattr(args, "watch", None)
     if every is None:
         view = reader.status(args.job)
-        print(json.dumps(view, indent=2, sort_keys=True) if args.json else status_text(view))
+        if args.json:
+            print(json.dumps(view, indent=2, sort_keys=True))
+        else:
+            console().print(status_renderable(view))
         return 0
     return watch_status(args.job, reader, every, args.json)
 
@@ -74,7 +75,7 @@ def watch_status(
     try:
         while True:
             view = reader.status(job)
-            text = json.dumps(view, sort_keys=True) if as_json else status_text(view)
+            text = json.dumps(view, sort_keys=True) if as_json else status_text(view, tty)
             if text != last:
                 if tty:
                     sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the new one replaces it
@@ -89,25 +90,8 @@ def watch_status(
         return 0
 
 
-def status_text(view: dict[str, Any]) -> str:
-    lines = [f"job       {view['id']} ({view['name']})", f"state     {view['state']}"]
-    if view.get("queued_reason"):
-        lines.append(f"queue     {view['queued_reason']}")
-    lines.append(f"attempts  {view['attempts']} ({view['restarts']} restart(s))")
-    lines.append(
-        f"created   {fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}"
-    )
-    if view["error_message"]:
-        lines.append(f"error     [{view['error_code']}] {view['error_message']}")
-    lines.append(f"logs      {view['log_dir']}")
-    lines.append("replicas:")
-    for r in view["replicas"]:
-        code = "" if r["exit_code"] is None else f" exit {r['exit_code']}"
-        sig = f" ({r['signal']})" if r["signal"] else ""
-        lines.append(
-            f"  {r['name']:<12} rank {r['rank']:<3} {r['state']:<10} pid {r['pid']}{code}{sig}"
-        )
-    return "\n".join(lines)
+def status_text(view: dict[str, Any], color: bool = False) -> str:
+    return to_text(status_renderable(view), color)
 
 
 def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
@@ -140,7 +124,10 @@ def cmd_goodput(args: argparse.Namespace, reader: Reader) -> int:
         print(f"  {key[:-2].replace('_', ' '):<12} {value:8.2f} s  {100 * value / total:5.1f}%")
     print(f"advice: {g['advice']['text']}")
     if not g["has_progress"]:
-        print("(no progress was reported: call sdk.report or trainguard.train.report)")
+        print(
+            "(no progress seen: the first rank's output showed no step trainguard can read; "
+            "give --progress-pattern, or call sdk.report)"
+        )
     return 0
 
 
@@ -179,25 +166,7 @@ def cmd_records(args: argparse.Namespace, reader: Reader) -> int:
     if not rows:
         print(f"job {args.job} has no restart records ({reader.status(args.job)['state']})")
         return 0
-    for r in rows:
-        print(
-            f"#{r['round']} {fmt_time(r['at_s'])} node {r['node']} replica {r['replica']} "
-            f"code {r['error_code']} source {r['error_source']} class {r['failure_class']}"
-        )
-        print(f"   message:  {r['error_message']}")
-        print(f"   decision: {r['decision']}")
-        if r["cascade"]:
-            print(f"   cascade:  {r['cascade']} failed after it")
-        if r["isolated"]:
-            print(f"   isolated: {r['isolated']}")
-        if r["snapshot_id"]:
-            print(f"   stacks:   trainguard stacks {r['job_id']}")
-        phases = ", ".join(
-            f"{k[:-3]} {r[k]:.0f} ms"
-            for k in ("detect_ms", "stop_ms", "schedule_ms", "start_ms", "first_output_ms")
-            if r[k] is not None
-        )
-        print(f"   phases:   {phases}")
+    console().print(records_renderable(rows))
     return 0
 
 

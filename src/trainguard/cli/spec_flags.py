@@ -56,6 +56,19 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--success-policy", help="chief (default) or all")
     p.add_argument(
+        "--progress-pattern",
+        dest="progress_pattern",
+        help="read the step from output lines matching this regex: (?P<step>\\d+), and "
+        "optional named groups of metrics, e.g. 'it (?P<step>\\d+) loss (?P<loss>\\S+)'",
+    )
+    p.add_argument(
+        "--no-progress",
+        dest="no_progress",
+        action="store_const",
+        const=True,
+        help="do not read progress from the replicas' output (SDK reports only)",
+    )
+    p.add_argument(
         "--from-checkpoint",
         dest="initial_checkpoint",
         metavar="PATH",
@@ -268,6 +281,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
             base = ["auto"] if before is None else preload_names(before)
             base = [m for m in base if m.lower() != "none"]
             data["preload"] = [*base, *(m for m in named if m not in base)]
+    _progress(data, args)
     if args.backend is not None:
         data["backend"] = args.backend
     elif args.ray_address is not None:
@@ -275,6 +289,23 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     _merged(data, "queue", args, {k: k for k in ("priority", "max_wait_s", "wait_for_capacity")})
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
+
+
+def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.progress_pattern is not None and args.no_progress:
+        raise SpecError(["--progress-pattern and --no-progress: give one of them"])
+    before = data.get("progress")
+    section = dict(before) if isinstance(before, dict) else {}
+    if isinstance(before, str):  # the shorthand: a keyword or a pattern
+        word = before.strip().lower()
+        section = {"read": word} if word in ("auto", "off") else {"pattern": before}
+    if args.no_progress:
+        section = {**section, "read": "off"}
+        section.pop("pattern", None)
+    elif args.progress_pattern is not None:
+        section = {**section, "pattern": args.progress_pattern}
+    if section:
+        data["progress"] = section
 
 
 def _name_the_flag(line: str, args: argparse.Namespace) -> str:
@@ -286,10 +317,11 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
     flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})
     flags["preload"] = "--preload"
+    flags["progress.pattern"] = "--progress-pattern"
     field = line.split(":", 1)[0]
     if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
         return f"{line} (from --inject)"
-    dest = field.rsplit(".", 1)[-1]
+    dest = {"progress.pattern": "progress_pattern"}.get(field, field.rsplit(".", 1)[-1])
     if field in flags and getattr(args, dest, None) is not None:
         return f"{line} (from {flags[field]})"
     return line

@@ -18,6 +18,7 @@ __all__ = [
     "launch",
     "ledger",
     "loop",
+    "output_progress",
     "runner",
     "sdk_channel",
     "snapshot_keeper",

@@ -34,6 +34,7 @@ from trainguard.master.inject import FaultInjector
 from trainguard.master.keeper import CheckpointKeeper
 from trainguard.master.launch import LaunchBuilder
 from trainguard.master.ledger import Ledger
+from trainguard.master.output_progress import OutputProgress
 from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.master.snapshot_keeper import SnapshotKeeper
 from trainguard.policy.budgets import Budgets, Failure
@@ -126,7 +127,10 @@ class MasterCore:
         )
         self.inbox.on_step = self.faults.on_step
         self.keeper = CheckpointKeeper(spec.checkpoint, log_dir, recorder, clock)
-        self.inbox.on_progress = self.keeper.on_progress
+        self.inbox.on_progress = self._on_sdk_progress
+        self.output_progress = OutputProgress(
+            spec.progress, self.primary, self._on_output_step, self._progress_note, self._later
+        )
         every = spec.checkpoint.snapshot_persist_every
         self.snapshots = SnapshotKeeper(job_id, log_dir, self.keeper, every, say, clock)
         self.inbox.on_snapshot_stored = self.snapshots.on_snapshot
@@ -232,15 +236,39 @@ class MasterCore:
         return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
 
     def _trained(self, rep: ReplicaSlot, now_s: float) -> bool:
-        """Past start-up: the SDK saw a step, or the replica ran for STARTUP_WINDOW_S."""
-        if self.hangs.step_of(rep.plan.name) is not None:
+        """Past start-up: the SDK or its output showed a step, or the replica ran for
+        STARTUP_WINDOW_S."""
+        name = rep.plan.name
+        if self.hangs.step_of(name) is not None or self.output_progress.step_of(name):
             return True
         return rep.started_s is not None and now_s - rep.started_s >= STARTUP_WINDOW_S
 
     def _progress(self, rep: ReplicaSlot, tail: tuple[str, ...]) -> int | None:
         """The step a replica had reached: its SDK reports, else what its output printed."""
-        step = self.hangs.step_of(rep.plan.name)
-        return step if step is not None else last_step(tail)
+        name = rep.plan.name
+        for step in (self.hangs.step_of(name), self.output_progress.step_of(name)):
+            if step is not None:
+                return step
+        return last_step(tail)
+
+    def _on_sdk_progress(
+        self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None
+    ) -> None:
+        if step is not None:
+            self.output_progress.sdk_reported()
+        self.keeper.on_progress(replica, step, metrics, checkpoint)
+
+    def _on_output_step(self, replica: str, step: int, metrics: dict[str, object]) -> None:
+        """A step read from the output: where an SDK report would go."""
+        self.keeper.on_progress(replica, step, metrics, None)
+        self.faults.on_step(None, step)  # the job's step: read from one replica for all
+
+    def _progress_note(self, replica: str, text: str) -> None:
+        self.rec.event(self.clock(), replica, "progress", text)
+        self.say(f"{replica}: {text}")
+
+    def _later(self, delay_s: float, fn: Callable[[], None]) -> object:
+        return asyncio.get_running_loop().call_later(delay_s, fn)
 
     def _decide(self, failure: Failure) -> Decision:
         return decide_failure(

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainguard.backends.api import ReplicaExited, ReplicaFirstOutput, ReplicaStarted
+from trainguard.backends.api import (
+    ReplicaExited,
+    ReplicaFirstOutput,
+    ReplicaOutput,
+    ReplicaStarted,
+)
 from trainguard.frameworks.replica_plan import ReplicaPlan
 from trainguard.hangs.watch import HangDetected
 from trainguard.policy.budgets import Failure
@@ -37,6 +42,7 @@ class GroupRejoin:
 MasterEvent = (
     ReplicaStarted
     | ReplicaFirstOutput
+    | ReplicaOutput
     | ReplicaExited
     | CancelRequested
     | HangDetected

@@ -40,6 +40,8 @@ class Exits(MasterCore):
 
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
+        if rep is not None:
+            self.output_progress.flush()  # its last step, before what its exit costs
         evidence = ev.evidence
         if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
             evidence = replace(evidence, progressed=True)

@@ -40,10 +40,12 @@ class FaultInjector:
         self._timers = []
         self._attempt = -1
 
-    def on_step(self, replica: str, step: int) -> None:
+    def on_step(self, replica: str | None, step: int) -> None:
+        """`replica` reached `step` (None: the job did, as its output showed: every
+        replica's injection at that step is due)."""
         for inj in list(self._pending):
             due = inj.at_step is not None and step >= inj.at_step
-            mine = inj.replica in (None, replica)
+            mine = replica is None or inj.replica in (None, replica)
             if due and mine and inj.attempt == self._attempt:
                 self._once(inj)
 

@@ -15,6 +15,7 @@ import asyncio
 from trainguard.backends.api import (
     ReplicaExited,
     ReplicaFirstOutput,
+    ReplicaOutput,
     ReplicaStarted,
 )
 from trainguard.hangs.watch import HangDetected
@@ -112,6 +113,9 @@ class Master(Groups, Attempts, Exits, HangResponse, Faults):
                 self._on_started(event)
             case ReplicaFirstOutput():
                 self._on_first_output(event)
+            case ReplicaOutput():
+                if self._current(event.attempt, event.replica, event.restart) is not None:
+                    self.output_progress.feed(event)
             case ReplicaExited():
                 await self._on_exit(event)
             case CancelRequested():

@@ -53,12 +53,16 @@ def run_job(
     store: Store,
     *,
     tee: TextIO | None = sys.stdout,
-    status: TextIO = sys.stderr,
+    status: TextIO | None = None,
     cwd: str | None = None,
+    say: Callable[[str], None] | None = None,
+    job_id: str | None = None,
 ) -> tuple[str, Outcome]:
-    """Create the job, supervise it to a terminal state, and return its outcome."""
+    """Create the job, supervise it to a terminal state, and return its outcome.
+
+    trainguard's own lines go to `say` if given, else to `status` (stderr)."""
     reap_interrupted(store)
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     log_dir = store.home / "jobs" / job_id
     recorder = Recorder(store, job_id)
     cwd = cwd or os.getcwd()
@@ -69,7 +73,7 @@ def run_job(
         at_s=time.time(),
         master={**master_identity(), "cwd": cwd},
     )
-    say = _say_to(status)
+    say = say or _say_to(status or sys.stderr)
     say(f"job {job_id} ({spec.name}): {spec.world_size} replica(s), logs in {log_dir}")
     return job_id, _master_run(job_id, spec, recorder, log_dir, cwd, tee, say, None)
 
@@ -79,7 +83,8 @@ def resume_job(
     store: Store,
     *,
     tee: TextIO | None = sys.stdout,
-    status: TextIO = sys.stderr,
+    status: TextIO | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[str, Outcome]:
     """Continue `job` under this process as its new master: same id, a new attempt."""
     reap_interrupted(store)
@@ -91,7 +96,7 @@ def resume_job(
     recorder = Recorder(store, job_id)
     restarts = len(store.restarts_of(job_id))
     recorder.job_resumed(state, time.time(), master_identity())
-    say = _say_to(status)
+    say = say or _say_to(status or sys.stderr)
     say(f"job {job_id} ({spec.name}): resumed after {job.attempts} attempt(s)")
     log_dir, cwd = Path(job.log_dir), job.cwd or os.getcwd()
     resume_after = (int(job.attempts), restarts)

@@ -15,5 +15,6 @@ __all__ = [
     "learned",
     "logcontext",
     "logtail",
+    "progress_text",
     "verdicts",
 ]

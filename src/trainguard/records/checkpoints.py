@@ -138,10 +138,14 @@ class _Remote:
         key = hashlib.sha1(f"{self.url}/{name}".encode()).hexdigest()[:12]
         target = Path(tempfile.gettempdir()) / f"trainguard-ckpt-{key}" / name
         if not (target / MANIFEST).is_file():
-            for rel in self.files(name):
+            files = self.files(name)
+            shown = DownloadProgress(self.path(name), len(files), sum(files.values()))
+            for rel, size in sorted(files.items(), key=lambda kv: kv[0] == MANIFEST):
                 out = target / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(self.read(f"{name}/{rel}"))
+                out.write_bytes(self.read(f"{name}/{rel}"))  # the manifest last: complete
+                shown.advance(size)
+            shown.done()
         return target
 
     def remove(self, name: str) -> None:
@@ -150,6 +154,51 @@ class _Remote:
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+
+class DownloadProgress:
+    """A resume's download, told on stderr (the replica's log) when it takes a while: what,
+    how much, and every EVERY_S how far; a quick one says nothing."""
+
+    AFTER_S = 2.0
+    EVERY_S = 5.0
+
+    def __init__(
+        self, source: str, files: int, total: int, clock: Any = time.monotonic, out: Any = None
+    ) -> None:
+        self.source, self.files, self.total = source, files, total
+        self.clock, self.out = clock, out
+        self.t0 = self.shown_s = clock()
+        self.got = 0
+        self.told = False
+
+    def _say(self, text: str) -> None:
+        import sys
+
+        print(f"trainguard: {text}", file=self.out or sys.stderr, flush=True)
+
+    def advance(self, size: int) -> None:
+        self.got += size
+        now = self.clock()
+        if now - self.t0 < self.AFTER_S or (self.told and now - self.shown_s < self.EVERY_S):
+            return
+        if not self.told:
+            self.told = True
+            self._say(
+                f"downloading checkpoint {self.source} ({self.files} files, {_mb(self.total)})"
+            )
+        self.shown_s = now
+        pct = 100 * self.got / self.total if self.total else 100.0
+        rate = self.got / max(now - self.t0, 1e-9)
+        self._say(f"  {_mb(self.got)} of {_mb(self.total)} ({pct:.0f}%), {_mb(rate)}/s")
+
+    def done(self) -> None:
+        if self.told:
+            self._say(f"checkpoint downloaded in {self.clock() - self.t0:.1f} s")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def write_marker(storage: Storage, token: str) -> None:

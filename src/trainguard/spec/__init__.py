@@ -11,6 +11,7 @@ __all__ = [
     "models",
     "notify_rules",
     "problems",
+    "progress",
     "safe_yaml",
     "sizes",
 ]

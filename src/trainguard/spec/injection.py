@@ -6,7 +6,8 @@
     master@TRIGGER                  SIGKILL the master itself (then `trainguard resume`)
 
 TRIGGER is `Ns` (seconds after the attempt is running) or `step=N` (when the replica
-reports that step through the SDK). An injection fires once, in attempt 0 unless
+reports that step through the SDK, or the job's output shows it: see `progress`). An
+injection fires once, in attempt 0 unless
 `,attempt=N` follows the trigger.
 """
 

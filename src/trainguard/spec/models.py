@@ -34,6 +34,7 @@ from trainguard.spec.limits import (
 )
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.spec.problems import validation_problems
+from trainguard.spec.progress import ProgressOptions
 from trainguard.spec.safe_yaml import YamlProblem, parse_bounded, read_bounded
 
 
@@ -277,6 +278,8 @@ class JobSpec(_Model):
     # batch: a shard that cannot be retried is given up and listed; the others finish.
     allow_partial: bool = False
     torchft: TorchftOptions = Field(default_factory=TorchftOptions)
+    # Progress read from the replicas' output where the code does not report it (auto/off).
+    progress: ProgressOptions = Field(default_factory=ProgressOptions)
 
     @field_validator("preload", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -20,8 +21,8 @@ from trainguard.backends.api import (
     BackendEvent,
     Launch,
     ReplicaExited,
-    ReplicaFirstOutput,
     ReplicaStarted,
+    output_events,
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.oom import oom_kill_count
@@ -51,15 +52,24 @@ def _printed_traceback(run: _Run) -> bool:
     return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
 
 
+_OnOutput = Callable[["_Run", bool, tuple[str, ...]], None]
+
+
 class _Run:
     """One run of one replica: its process and its output."""
 
     def __init__(
-        self, launch: Launch, tee: TextIO | None, on_output: Callable[[_Run, bool], None]
+        self,
+        launch: Launch,
+        tee: TextIO | None,
+        on_output: _OnOutput,
     ) -> None:
         self.launch = launch
         self.output = RunOutput(
-            launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
+            launch.replica,
+            launch.log_path,
+            tee,
+            partial(on_output, self),
         )
         self.pid = 0
         self.transport: asyncio.BaseTransport | None = None
@@ -266,13 +276,10 @@ class LocalBackend:
 
     # -------------------------------------------------------------- output
 
-    def _on_output(self, run: _Run, first: bool) -> None:
+    def _on_output(self, run: _Run, first: bool, segments: tuple[str, ...]) -> None:
         self._last_output_s = time.time()
-        if first:
-            launch = run.launch
-            self._emit(
-                ReplicaFirstOutput(launch.attempt, launch.replica, launch.restart, time.time())
-            )
+        for ev in output_events(run.launch, first, segments, self._last_output_s):
+            self._emit(ev)
 
     def _on_output_end(self, run: _Run) -> None:
         run.output.end()

@@ -28,8 +28,8 @@ from trainguard.backends.api import (
     BackendEvent,
     Launch,
     ReplicaExited,
-    ReplicaFirstOutput,
     ReplicaStarted,
+    output_events,
 )
 from trainguard.backends.mpi.launch import (
     ALLOW_ROOT_ENV,
@@ -122,10 +122,9 @@ class MpiBackend:
             job.task = asyncio.create_task(self._follow(job))
 
     def _rank(self, launch: Launch) -> _Rank:
-        def on_output(first: bool) -> None:
-            if first:
-                la = launch
-                self._emit(ReplicaFirstOutput(la.attempt, la.replica, la.restart, time.time()))
+        def on_output(first: bool, segments: tuple[str, ...]) -> None:
+            for ev in output_events(launch, first, segments, time.time()):
+                self._emit(ev)
 
         return _Rank(launch, RunOutput(launch.replica, launch.log_path, None, on_output))
 

@@ -15,6 +15,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,8 +24,8 @@ from trainguard.backends.api import (
     Launch,
     NoCapacity,
     ReplicaExited,
-    ReplicaFirstOutput,
     ReplicaStarted,
+    output_events,
 )
 from trainguard.backends.output import RunOutput
 from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
@@ -49,6 +50,9 @@ def bundle_of(res: Resources) -> dict[str, float]:
     return out
 
 
+_OnOutput = Callable[["_Run", bool, tuple[str, ...]], None]
+
+
 class _Run:
     """One run of one replica on its node: the actor that hosts it, and its output."""
 
@@ -58,13 +62,16 @@ class _Run:
         actor: Any,
         node: dict[str, str],
         tee: TextIO | None,
-        on_output: Callable[[_Run, bool], None],
+        on_output: _OnOutput,
     ) -> None:
         self.launch = launch
         self.actor = actor
         self.node = node
         self.output = RunOutput(
-            launch.replica, launch.log_path, tee, lambda first: on_output(self, first)
+            launch.replica,
+            launch.log_path,
+            tee,
+            partial(on_output, self),
         )
         self.pid = 0
         self.stop_requested = False
@@ -301,11 +308,10 @@ class RayBackend:
         task.add_done_callback(self._tasks.discard)
         return not info.get("cold")
 
-    def _on_output(self, run: _Run, first: bool) -> None:
+    def _on_output(self, run: _Run, first: bool, segments: tuple[str, ...]) -> None:
         self._last_output_s = _now()
-        if first:
-            la = run.launch
-            self._emit(ReplicaFirstOutput(la.attempt, la.replica, la.restart, _now()))
+        for ev in output_events(run.launch, first, segments, self._last_output_s):
+            self._emit(ev)
 
     async def _pump(self, run: _Run) -> None:
         """Pull output until the replica exits, or its actor (its node) is gone."""

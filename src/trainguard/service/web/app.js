@@ -716,7 +716,7 @@
   function renderProgress(job, history, records) {
     const steps = history.progress || [];
     if (!steps.length) {
-      return `<p class="empty">No steps reported yet. Replicas report them with <code>sdk.report({"step": n, ...})</code>.</p>`;
+      return `<p class="empty">No steps seen yet: none in the first rank's output that trainguard can read (give a <code>progress</code> pattern), and no <code>sdk.report({"step": n, ...})</code>.</p>`;
     }
     const W = 640;
     const H = 200;
