@@ -60,9 +60,10 @@ class LiveRun:
 
     def say(self, line: str) -> None:
         """One of trainguard's own lines: printed above the panel, and what it is doing."""
+        text = line if len(line) <= 160 else line[:157] + "..."
+        self._activity = (text, self.clock())
+        self._read_s = float("-inf")  # the store has news: read it for this frame
         self.console.print(Text(f"trainguard: {line}", style="bold"))
-        text = line
-        self._activity = (text if len(text) <= 160 else text[:157] + "...", self.clock())
 
     def _render(self) -> RenderableType:
         now = self.clock()

@@ -42,6 +42,7 @@ class CheckpointKeeper:
         self.clock = clock
         self.attempt = -1
         self._best_step = -1  # the highest step reported in this attempt
+        self._metrics: dict[str, object] = {}  # the latest value of each metric reported
 
     def new_attempt(self, attempt: int) -> None:
         self.attempt, self._best_step = attempt, -1
@@ -73,7 +74,9 @@ class CheckpointKeeper:
                 f"checkpoint: {checkpoint} is not a committed checkpoint of this job's storage"
             )
         now = self.clock()
-        self.rec.progress(now, step, metrics)
+        # the latest of each: a snapshot's copy ({snapshot: true}) keeps the loss in view
+        self._metrics.update(metrics)
+        self.rec.progress(now, step, dict(self._metrics))
         cost = commit_ms(manifest) if manifest is not None else None
         if step is not None and (step > self._best_step or checkpoint):
             self._best_step = max(self._best_step, step)
