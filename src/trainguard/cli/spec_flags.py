@@ -7,6 +7,7 @@ a flag caused names the flag.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,15 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="preload: none: every replica starts its own interpreter (no warm start)",
     )
-    p.add_argument("--backend", help="backend: local (default) or ray")
+    p.add_argument(
+        "--backend",
+        help="backend: local (default), ray, or slurm (default inside an allocation, "
+        "with --nodes above 1)",
+    )
+    p.add_argument(
+        "--nodes",
+        help="slurm: nodes of the allocation the job uses, --nproc-per-node replicas each",
+    )
     p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")
     p.add_argument("--placement-strategy", help="ray.placement_strategy: spread or pack")
     p.add_argument("--priority", help="queue.priority: higher runs first (server queue)")
@@ -160,6 +169,14 @@ def _pools(data: dict[str, Any], args: argparse.Namespace, command: list[str]) -
             return ["command: give either a spec with worker_pools or a command, not both"]
         name = args.framework or data.get("framework") or "pytorch"
         replicas = args.nproc if args.nproc is not None else 1
+        if args.nodes is not None:
+            nodes = _whole("--nodes", args.nodes)
+            per = _whole("--nproc-per-node", args.nproc or 1)
+            if isinstance(nodes, str) or isinstance(per, str):
+                return [p for p in (nodes, per) if isinstance(p, str)]
+            replicas = nodes * per
+            slurm = dict(data.get("slurm") or {})
+            data["slurm"] = {**slurm, "nodes": nodes, "tasks_per_node": per}
         if name == "torchft":
             groups = _torchft_groups(data, args)
             if isinstance(groups, str):
@@ -286,9 +303,25 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
         data["backend"] = args.backend
     elif args.ray_address is not None:
         data["backend"] = "ray"  # --ray-address alone says where
+    elif "backend" not in data and os.environ.get("SLURM_JOB_ID") and _many_nodes(data):
+        data["backend"] = "slurm"  # inside an allocation, a job of several nodes
     _merged(data, "queue", args, {k: k for k in ("priority", "max_wait_s", "wait_for_capacity")})
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
+
+
+def _whole(flag: str, value: object) -> int | str:
+    """A count >= 1 from a flag, or what is wrong with it."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        return f"{flag}: must be a whole number, got {value!r}"
+    return n if n >= 1 else f"{flag}: must be >= 1, got {value!r}"
+
+
+def _many_nodes(data: dict[str, Any]) -> bool:
+    nodes = (data.get("slurm") or {}).get("nodes")
+    return isinstance(nodes, int) and nodes > 1
 
 
 def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:

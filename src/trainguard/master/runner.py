@@ -151,8 +151,8 @@ def _master_run(
 
 
 def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
-    """The spec's backend (local processes, or actors on a Ray cluster), as the
-    framework wants it (mpi: behind mpirun)."""
+    """The spec's backend (local processes, actors on a Ray cluster, or steps of a Slurm
+    allocation), as the framework wants it (mpi: behind mpirun)."""
     backend: Backend
     if spec.backend == "ray":
         from trainguard.backends.ray.backend import RayBackend
@@ -160,6 +160,10 @@ def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
         res = {pool.role: pool.resources for pool in spec.worker_pools}
         needs = {p.name: res[p.role] for p in plan_replicas(spec)}
         backend = RayBackend(needs, spec.ray, tee=tee, preload=spec.preload)
+    elif spec.backend == "slurm":
+        from trainguard.backends.slurm.backend import SlurmBackend
+
+        backend = SlurmBackend(spec.slurm, tee=tee)
     else:
         backend = LocalBackend(tee=tee, preload=spec.preload)
     if preset(spec.framework).launcher == "mpi":

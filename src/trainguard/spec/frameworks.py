@@ -28,7 +28,7 @@ class FrameworkRules:
     # keys of `fault_tolerance`, and `success_policy`.
     ft_defaults: ClassVar[Mapping[str, Any]] = {}
     success_policy: str | None = None
-    backends: frozenset[str] = frozenset({"local", "ray"})
+    backends: frozenset[str] = frozenset({"local", "ray", "slurm"})
     # Whether `allow_partial` makes sense: replicas whose results stand alone (shards).
     partial_results = False
 
@@ -47,7 +47,11 @@ class FrameworkRules:
         """What is wrong with this job for this framework, one line each."""
         out: list[str] = []
         if spec.backend not in self.backends:
-            out.append(f"backend: framework {self.name} runs on the local backend only for now")
+            where = " and ".join(sorted(self.backends))
+            out.append(
+                f"backend: framework {self.name} runs on the {where} backend only for now, "
+                f"not {spec.backend}"
+            )
         if self.roles is not None:
             out += [
                 f"worker_pools: framework {self.name} has no role {p.role!r} "

@@ -234,6 +234,21 @@ class RayOptions(_Model):
         return data
 
 
+class SlurmOptions(_Model):
+    """A job inside a Slurm allocation (`sbatch`/`salloc`): each replica a job step (`srun`)
+    on one of the allocation's nodes, `tasks_per_node` replicas per node in rank order."""
+
+    # Nodes the job uses (default: as many as its replicas need at tasks_per_node); the
+    # allocation's other nodes are spares for a node that is lost.
+    nodes: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    tasks_per_node: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # `scontrol update nodename=N state=drain reason=...` for a lost node (needs the right).
+    drain_lost_nodes: bool = False
+    srun_args: list[str] = Field(default_factory=list)  # more flags for every step
+    # How long a node's slurmd may take to answer a connect before it counts as lost.
+    probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
+
+
 class TorchftOptions(_Model):
     """A torchft job (framework torchft): its replica groups and its Lighthouse's timing.
 
@@ -272,8 +287,9 @@ class JobSpec(_Model):
         default_factory=lambda: ["auto"]
     )
     # Where the replicas run: processes on this machine, or actors on a Ray cluster.
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray", "slurm"] = "local"
     ray: RayOptions = Field(default_factory=RayOptions)
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     notifications: list[NotifyRule] = Field(default_factory=list)
     # batch: a shard that cannot be retried is given up and listed; the others finish.
     allow_partial: bool = False
@@ -335,6 +351,20 @@ class JobSpec(_Model):
             problems.append(f"allow_partial: a {self.framework} job cannot succeed in part")
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _fits_slurm(self) -> JobSpec:
+        """The replicas fill `nodes` x `tasks_per_node` exactly, where nodes are given."""
+        opts = self.slurm
+        if self.backend != "slurm" or opts.nodes is None:
+            return self
+        want = opts.nodes * opts.tasks_per_node
+        if self.world_size != want:
+            raise ValueError(
+                f"slurm: {opts.nodes} node(s) x {opts.tasks_per_node} task(s) per node is "
+                f"{want} replicas, but the job has {self.world_size}"
+            )
         return self
 
     @field_validator("fault_injection")

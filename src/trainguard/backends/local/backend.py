@@ -289,6 +289,14 @@ class LocalBackend:
         run = self._runs.get(replica)
         return run.output.tail.lines() if run else ()
 
+    def current_run(self, replica: str) -> tuple[int, int, int] | None:
+        """(attempt, restart, pid) of the replica's run still going, or None (a backend
+        built on this one reports a run lost before its process ends)."""
+        run = self._runs.get(replica)
+        if run is None or run.done.is_set():
+            return None
+        return run.launch.attempt, run.launch.restart, run.pid
+
     # -------------------------------------------------------------- exit
 
     async def _watch(self, run: _Run) -> None:

@@ -1,0 +1,335 @@
+"""Replicas as job steps of the Slurm allocation trainguard runs in (issue 19).
+
+Each replica is one `srun` step of one task, on the node `placement.place` gives it; the
+srun process runs here, beside the master, so its output (the remote task's, streamed back
+by Slurm) and its exit status are a local process's, and the local backend supervises it.
+What this adds: the allocation's nodes and their health, placement, the rendezvous at the
+first node, the SDK channel on the address the nodes reach this host at, and node loss.
+
+A node is lost when its slurmd stops answering a connect (`cluster.answers`): a machine
+that died or was cut off does not, long before Slurm marks it DOWN. Whenever a replica
+fails, every node of the attempt is probed first: a replica on a node that does not answer
+is reported lost (`node_lost`) before the failure that its death caused on the healthy
+nodes, and its node is kept out of later attempts (and drained, if the spec allows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainguard.backends.api import (
+    BackendEvent,
+    Launch,
+    NoCapacity,
+    ReplicaExited,
+    ReplicaStarted,
+)
+from trainguard.backends.local.backend import LocalBackend
+from trainguard.backends.net import free_port
+from trainguard.backends.slurm import cluster
+from trainguard.backends.slurm.cluster import Allocation, Node, SlurmError
+from trainguard.backends.slurm.placement import place, srun_argv
+from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
+from trainguard.spec.models import SlurmOptions
+
+_PORTS = (20000, 60000)
+"""A rendezvous port on another node is drawn from this range (nothing here can test it)."""
+
+
+class SlurmBackend:
+    def __init__(
+        self,
+        opts: SlurmOptions,
+        tee: TextIO | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._opts = opts
+        self._env = env
+        self._inner = LocalBackend(tee=tee, preload=())  # the srun processes, here
+        self._emit: Callable[[BackendEvent], None] = lambda _ev: None
+        self._alloc: Allocation | None = None
+        self._nodes: dict[str, Node] = {}
+        self._usable: list[str] = []
+        self._excluded: dict[str, str] = {}  # node -> why it is kept out
+        self._where: dict[str, str] = {}  # replica -> the node of its current run
+        self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
+
+    # -------------------------------------------------------------- the seam
+
+    @property
+    def warm_start_notes(self) -> Sequence[str]:
+        return self._inner.warm_start_notes
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self._emit = emit
+        self._inner.bind(self._from_inner)
+
+    async def channel_host(self) -> str:
+        """This host's address as the allocation's nodes reach it."""
+        await self._refresh()
+        first = self._nodes[self._alloc_nodes()[0]]
+        return _address_towards(first.addr)
+
+    async def rendezvous(self) -> tuple[str, int]:
+        """The first usable node (rank 0's), and a fresh port there."""
+        await self._refresh()
+        if not self._usable:
+            raise NoCapacity(self._no_node())
+        addr = self._nodes[self._usable[0]].addr
+        return addr, _port_at(addr)
+
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        host = self._nodes[self._usable[0]].addr if self._usable else "127.0.0.1"
+        return {r: kept.get(r) or f"{host}:{_port_at(host)}" for r in replicas}
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        alloc = self._alloc
+        assert alloc is not None, "rendezvous() comes first"
+        running = {r: n for r, n in self._where.items() if r not in {la.replica for la in launches}}
+        if running:  # some replicas restart alone: the others keep their nodes
+            await self._refresh()
+        kept = {la.replica: self._where[la.replica] for la in launches if la.replica in self._where}
+        placed = place(
+            [(la.replica, la.rank) for la in launches],
+            [n for n in self._usable if n not in running.values()] if running else self._usable,
+            self._opts.tasks_per_node,
+            kept if running else None,
+        )
+        if isinstance(placed, str):
+            raise NoCapacity(f"{placed}{self._why_excluded()}")
+        steps = []
+        for la in launches:
+            self._job_ids[la.replica] = la.env.get("TRAINGUARD_JOB_ID", "")
+            node = placed[la.replica]
+            self._where[la.replica] = node
+            argv = srun_argv(la, node, alloc.job_id, list(self._excluded), self._opts.srun_args)
+            steps.append(replace(la, argv=tuple(argv)))
+        await self._inner.start(steps)
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        await self._inner.stop(replicas, grace_s)
+        await self._cancel_steps(replicas)
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        """The remote task itself (`scancel --signal` of its step), as a fault would hit it."""
+        step = (await self._steps()).get(replica)
+        alloc = self._alloc
+        if step is None or alloc is None:
+            return False
+        try:
+            await cluster.run_slurm(["scancel", f"--signal={signum}", f"{alloc.job_id}.{step}"])
+        except SlurmError:
+            return False
+        return True
+
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        return self._inner.last_output_s(replicas)
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        return self._inner.log_tail(replica)
+
+    async def snapshot(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaSnapshot]:
+        """py-spy on each replica's own node, through a step beside its own, all at once."""
+        return list(await asyncio.gather(*(self._stacks(t, timeout_s) for t in targets)))
+
+    async def _stacks(self, target: tuple[str, int, int], timeout_s: float) -> ReplicaSnapshot:
+        name, rank, pid = target
+        node, alloc = self._where.get(name), self._alloc
+        job_id = self._job_id_of(name)
+        if node is None or alloc is None or job_id is None:
+            return ReplicaSnapshot(name, rank, pid, "none", False, "not placed", 0.0, ())
+        argv = [
+            "srun",
+            f"--jobid={alloc.job_id}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            f"--job-name=stacks-{name}",
+            sys.executable,
+            "-m",
+            "trainguard.backends.slurm.step_stacks",
+            job_id,
+            name,
+            str(rank),
+            f"{timeout_s:g}",
+        ]
+        try:
+            out = await cluster.run_slurm(argv, timeout_s=timeout_s + 15)
+            return ReplicaSnapshot.from_dict(json.loads(out.strip().splitlines()[-1]))
+        except (SlurmError, ValueError, KeyError, IndexError) as exc:
+            why = f"stacks on {node} through srun failed: {exc}"
+            return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
+
+    def _job_id_of(self, replica: str) -> str | None:
+        """trainguard's job id, as the replica's environment carries it."""
+        return self._job_ids.get(replica)
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        if c.failure_class is not FailureClass.NODE_LOST:
+            return None
+        node = self._where.get(replica)
+        if node is None or node in self._excluded:
+            return None
+        why = f"node {node} was lost under {replica}"
+        self._excluded[node] = why
+        if self._opts.drain_lost_nodes:
+            task = asyncio.ensure_future(cluster.drain(node, f"trainguard: {why}"))
+            self._keep(task)
+        return f"{why}: excluded from later attempts (srun --exclude={node})"
+
+    async def close(self) -> None:
+        live = list(self._where)
+        await self._inner.close()
+        await self._cancel_steps(live)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    # -------------------------------------------------------------- nodes
+
+    def _alloc_nodes(self) -> tuple[str, ...]:
+        assert self._alloc is not None
+        return self._alloc.nodes
+
+    async def _refresh(self) -> None:
+        """The allocation (once), each node's state, and which answer now."""
+        if self._alloc is None:
+            self._alloc = await cluster.allocation(self._env)
+        names = self._alloc.nodes
+        self._nodes = await cluster.nodes(names)
+        missing = [n for n in names if n not in self._nodes]
+        if missing:
+            raise SlurmError(f"scontrol knows no node {missing[0]} of the allocation")
+        alive = await self._probe([self._nodes[n] for n in names])
+        self._usable = [
+            n for n in names if n not in self._excluded and self._nodes[n].usable and alive[n]
+        ]
+
+    async def _probe(self, nodes: Sequence[Node]) -> dict[str, bool]:
+        timeout = self._opts.probe_timeout_s
+        found = await asyncio.gather(*(cluster.answers(n, timeout) for n in nodes))
+        return {n.name: ok for n, ok in zip(nodes, found, strict=True)}
+
+    def _no_node(self) -> str:
+        return f"no node of the allocation is usable{self._why_excluded()}"
+
+    def _why_excluded(self) -> str:
+        if not self._excluded:
+            return ""
+        return " (" + "; ".join(self._excluded.values()) + ")"
+
+    # -------------------------------------------------------------- exits
+
+    def _from_inner(self, ev: BackendEvent) -> None:
+        if isinstance(ev, ReplicaStarted):
+            self._emit(replace(ev, node=self._where.get(ev.replica)))
+            return
+        if not isinstance(ev, ReplicaExited):
+            self._emit(ev)
+            return
+        if (ev.attempt, ev.replica, ev.restart) in self._lost:
+            return  # reported lost already, with its node as the cause
+        if ev.evidence.stop_requested or ev.evidence.returncode == 0:
+            self._emit(ev)
+            return
+        self._keep(asyncio.ensure_future(self._failed(ev)))
+
+    async def _failed(self, ev: ReplicaExited) -> None:
+        """A replica failed: first any replica whose node no longer answers is lost."""
+        where = dict(self._where)
+        nodes = {n: self._nodes[n] for n in set(where.values()) if n in self._nodes}
+        alive = await self._probe(list(nodes.values()))
+        dead = {n for n, ok in alive.items() if not ok}
+        for replica, node in where.items():
+            run = self._inner.current_run(replica)
+            if node not in dead or run is None or replica == ev.replica:
+                continue
+            attempt, restart, pid = run
+            self._lost.add((attempt, replica, restart))
+            self._emit(self._lost_exit(replica, node, attempt, restart, pid, ev.time_s))
+            self._keep(asyncio.ensure_future(self._inner.stop([replica], grace_s=0)))
+        own = where.get(ev.replica)
+        if own is not None and own in dead:
+            evidence = replace(ev.evidence, node_lost=self._lost_text(own))
+            ev = replace(ev, evidence=evidence)
+        self._emit(ev)
+
+    def _lost_exit(
+        self, replica: str, node: str, attempt: int, restart: int, pid: int | None, seen_s: float
+    ) -> ReplicaExited:
+        tail = self._inner.log_tail(replica)
+        evidence = ExitEvidence(replica, None, log_tail=tail, node_lost=self._lost_text(node))
+        return ReplicaExited(attempt, replica, restart, pid, evidence, seen_s - 1e-3)
+
+    def _lost_text(self, node: str) -> str:
+        n = self._nodes.get(node)
+        where = f"{node} ({n.addr})" if n else node
+        return f"Slurm node {where} does not answer: its slurmd is unreachable"
+
+    # -------------------------------------------------------------- steps
+
+    async def _steps(self) -> dict[str, str]:
+        """replica -> step id of its step in the allocation now (by the step's name)."""
+        alloc = self._alloc
+        if alloc is None:
+            return {}
+        try:
+            text = await cluster.run_slurm(
+                ["squeue", "-h", "-s", f"--jobs={alloc.job_id}", "-o", "%i %j"]
+            )
+        except SlurmError:
+            return {}
+        out: dict[str, str] = {}
+        for line in text.splitlines():
+            step, _, name = line.strip().partition(" ")
+            if "." in step and name:
+                out[name.strip()] = step.split(".", 1)[1]
+        return out
+
+    async def _cancel_steps(self, replicas: Sequence[str]) -> None:
+        """A step whose srun is gone may still run on its node: cancel it there."""
+        alloc = self._alloc
+        if alloc is None or not replicas:
+            return
+        steps = await self._steps()
+        ids = [f"{alloc.job_id}.{steps[r]}" for r in replicas if r in steps]
+        if ids:
+            with contextlib.suppress(SlurmError):
+                await cluster.run_slurm(["scancel", "--signal=KILL", *ids])
+
+    def _keep(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _address_towards(addr: str) -> str:
+    """The address of this host on the route to `addr` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return str(s.getsockname()[0])
+
+
+def _port_at(addr: str) -> int:
+    """A free port where `addr` is this host's; a random high one on another node."""
+    with contextlib.suppress(OSError):
+        return free_port(addr)
+    return random.randint(*_PORTS)

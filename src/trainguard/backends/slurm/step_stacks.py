@@ -1,0 +1,54 @@
+"""The stacks of one replica's process, taken on its own node: run there as a job step
+(`srun --overlap ... python -m trainguard.backends.slurm.step_stacks JOB REPLICA RANK S`).
+
+The replica's process is the one on this node whose environment names the job and the
+replica (its own children, a data loader's workers, carry the same: the eldest is it).
+Prints one JSON object, the snapshot as `ReplicaSnapshot.to_dict` gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from trainguard.hangs.snapshot import snapshot_all
+from trainguard.hangs.stack_model import ReplicaSnapshot
+
+
+def find_replica(job_id: str, replica: str, proc: Path = Path("/proc")) -> int | None:
+    """The pid of the replica's own process on this node, or None."""
+    want = {f"TRAINGUARD_JOB_ID={job_id}".encode(), f"TRAINGUARD_REPLICA={replica}".encode()}
+    found: dict[int, int] = {}  # pid -> parent pid
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if want <= env:
+            found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tops = [pid for pid, parent in found.items() if parent not in found]
+    return min(tops) if tops else None
+
+
+def main(argv: list[str]) -> int:
+    job_id, replica, rank, timeout_s = argv[0], argv[1], int(argv[2]), float(argv[3])
+    pid = find_replica(job_id, replica)
+    if pid is None:
+        host = os.uname().nodename
+        snap = ReplicaSnapshot(
+            replica, rank, 0, "none", False, f"no process of {replica} on {host}", 0.0, ()
+        )
+    else:
+        (snap,) = asyncio.run(snapshot_all([(replica, rank, pid)], timeout_s=timeout_s))
+    print(json.dumps(snap.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
