@@ -111,6 +111,33 @@ def _saved_state(args: argparse.Namespace, ckpt: Path) -> tuple[dict[str, Any], 
     return None if state is None else (state, where)
 
 
+def _demo_faults(args: argparse.Namespace, step: int, rank: int, restart: int) -> None:
+    """The faults the demo and the tests ask for, on the crash rank at their step."""
+    if step == args.crash_at_step and restart == 0:
+        print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if step == args.timeout_at_step:
+        raise RuntimeError(
+            f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL("
+            f"SeqNum={3 * step}, OpType=ALLREDUCE, NumelIn=2177, NumelOut=2177, "
+            "Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
+        )
+    if step == args.bug_at_step:
+        config: dict[str, float] = {}
+        print(f"learning rate {config['lr']}")  # a bug: raises KeyError
+
+
+def _checkpoint_now(
+    rank: int, step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: float, ckpt: Path
+) -> None:
+    """A preemption notice (`sdk.preempted()`): rank 0 checkpoints this step at once."""
+    print(f"rank {rank}: preemption notice at step {step}", flush=True)
+    if rank == 0:
+        state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
+        _save_atomic(state, ckpt)
+        sdk.report({"step": step, "loss": loss}, checkpoint=str(ckpt.parent))
+
+
 def main() -> None:
     args = _args()
     rank = int(os.environ["RANK"])
@@ -134,6 +161,7 @@ def main() -> None:
         print(f"rank {rank}: resumed from {where} of step {start} (restart {restart})", flush=True)
     step_s: list[float] = []
     snap_s: list[float] = []
+    noticed = False  # a preemption notice was acted on
 
     for step in range(start + 1, args.steps + 1):
         t_step = time.perf_counter()
@@ -153,18 +181,8 @@ def main() -> None:
             snap_s.append(time.perf_counter() - t_snap)
         step_s.append(time.perf_counter() - t_step)
         print(f"step {step} loss {loss.item():.6f} rank {rank} t={time.time():.6f}", flush=True)
-        if step == args.crash_at_step and rank == args.crash_rank and restart == 0:
-            print(f"injected fault: rank {rank} SIGKILLs itself t={time.time():.6f}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if step == args.timeout_at_step and rank == args.crash_rank:
-            raise RuntimeError(
-                f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL("
-                f"SeqNum={3 * step}, OpType=ALLREDUCE, NumelIn=2177, NumelOut=2177, "
-                "Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
-            )
-        if step == args.bug_at_step and rank == args.crash_rank:
-            config: dict[str, float] = {}
-            print(f"learning rate {config['lr']}")  # a bug: raises KeyError
+        if rank == args.crash_rank:
+            _demo_faults(args, step, rank, restart)
         if step % args.ckpt_every == 0 and rank == 0:
             state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
             _save_atomic(state, ckpt)
@@ -172,6 +190,9 @@ def main() -> None:
                 sdk.report({"step": step, "loss": loss.item()}, checkpoint=str(ckpt_dir))
         elif args.report:
             sdk.heartbeat(step)
+            if not noticed and sdk.preempted():  # the job is about to be stopped: save now
+                noticed = True
+                _checkpoint_now(rank, step, model, opt, loss.item(), ckpt)
         if args.step_time:
             time.sleep(args.step_time)
 

@@ -336,3 +336,23 @@ def test_import_is_fast_and_light() -> None:
     took, *heavy = run.stdout.split()
     assert heavy == []
     assert float(took) < 0.5
+
+
+def test_a_preemption_notice_reaches_the_training_code(under_trainguard: Master) -> None:
+    """Issue 19: Slurm's warning signal to the master becomes `sdk.preempted()` at the next
+    SDK call of every replica (the real Inbox's answer)."""
+    from trainguard.master.inbox import Inbox
+
+    inbox = Inbox.__new__(Inbox)
+    inbox.pending_exit, inbox.preempt = {}, None
+    under_trainguard.recorder.command_for = inbox.command_for  # type: ignore[attr-defined]
+    sdk.heartbeat(1)
+    assert sdk.preempted() is None
+    inbox.preempt = "SIGUSR1 to the master (sbatch --signal=B:USR1@SECONDS)"
+    sdk.heartbeat(2)
+    assert sdk.preempted() == inbox.preempt
+    assert inbox.command_for("worker-0") == {"preempt": inbox.preempt}  # every answer
+
+
+def test_preempted_outside_trainguard_is_none() -> None:
+    assert sdk.preempted() is None

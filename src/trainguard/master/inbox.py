@@ -24,6 +24,7 @@ class Inbox:
         self.retryable_errors: dict[str, list[str]] = {}  # replica -> its keywords
         self.faulthandler: set[str] = set()  # replicas that dump stacks on SIGUSR2
         self.pending_exit: dict[str, int] = {}  # injected: exit with this status
+        self.preempt: str | None = None  # a preemption notice, told in every answer
         self.on_step: Callable[[str, int], None] = lambda _replica, _step: None
         self.on_progress: Callable[[str, int | None, dict[str, object], str | None], None] = (
             lambda *_: None
@@ -59,9 +60,15 @@ class Inbox:
         self.on_snapshot_stored(replica, step, world)
 
     def command_for(self, replica: str) -> dict[str, object] | None:
-        """A command for this replica, sent once in the answer to its next SDK call."""
+        """A command for this replica, in the answer to its next SDK call: an injected
+        exit (once), a preemption notice (in every answer from then on)."""
+        command: dict[str, object] = {}
         code = self.pending_exit.pop(replica, None)
-        return {"exit": code} if code is not None else None
+        if code is not None:
+            command["exit"] = code
+        if self.preempt is not None:
+            command["preempt"] = self.preempt
+        return command or None
 
     def keywords(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p for ps in self.retryable_errors.values() for p in ps))

@@ -64,6 +64,16 @@ class Master(Groups, Attempts, Exits, HangResponse, Faults):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def preemption_notice(self, why: str) -> None:
+        """The job is about to be stopped from outside (Slurm's warning signal): every
+        replica hears it in the answer to its next SDK call (`sdk.preempted()`), and the
+        records keep it. The stop itself, when it comes, cancels the job (resumable)."""
+        if self.inbox.preempt is not None:
+            return
+        self.inbox.preempt = why
+        self.rec.event(self.clock(), None, "preemption", why)
+        self.say(f"preemption notice: {why}; the replicas are told to checkpoint")
+
     async def begin(self) -> None:
         """Bind to the backend, open the SDK channel, start the first attempt (for tests)."""
         self.backend.bind(self.post)

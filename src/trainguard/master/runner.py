@@ -181,13 +181,18 @@ def _server_rules() -> list[NotifyRule]:
 
 async def _supervise(master: Master) -> Outcome:
     loop = asyncio.get_running_loop()
+    slurm = master.spec.backend == "slurm"
     for sig, why in _CANCEL_SIGNALS:
+        if slurm and sig == signal.SIGTERM:
+            why = "SIGTERM from Slurm: scancel, a time limit or a preemption"
         loop.add_signal_handler(sig, master.cancel, f"cancelled ({why})")
+    notice = f"{signal.Signals(_NOTICE).name} to the master (sbatch --signal=B:USR1@SECONDS)"
+    loop.add_signal_handler(_NOTICE, master.preemption_notice, notice)
     try:
         with pidfd_child_watcher(loop):
             return await master.run()
     finally:
-        for sig, _ in _CANCEL_SIGNALS:
+        for sig, _ in (*_CANCEL_SIGNALS, (_NOTICE, "")):
             loop.remove_signal_handler(sig)
 
 
@@ -197,6 +202,10 @@ _CANCEL_SIGNALS = (
     (signal.SIGTERM, "SIGTERM to the master"),
     (signal.SIGHUP, "the terminal closed"),
 )
+
+
+_NOTICE = signal.SIGUSR1
+"""A warning that the job will be stopped soon (Slurm's `--signal`): tell the replicas."""
 
 
 def log_dir_of(store: Store, job_id: str) -> Path:

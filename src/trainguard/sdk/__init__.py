@@ -66,6 +66,7 @@ __all__ = [
     "heartbeat",
     "load_snapshot",
     "mark_checkpoint_bad",
+    "preempted",
     "report",
     "send_custom_message",
     "set_hang_interval",
@@ -85,6 +86,13 @@ _scopes: list[hang_detect] = []
 connection's lock: scope changes reach the master in order)."""
 _faulthandler_file: IO[str] | None = None
 """Kept open for the life of the process: faulthandler writes to its descriptor."""
+
+
+def preempted() -> str | None:
+    """The master's notice that the job is about to be stopped (a Slurm preemption or time
+    limit warning, `sbatch --signal=B:USR1@120`), once an SDK call brought it: checkpoint
+    now. None until then, and outside trainguard."""
+    return channel.PREEMPTED[0] if channel.PREEMPTED else None
 
 
 def heartbeat(step: int | None = None) -> None:

@@ -120,15 +120,23 @@ def lock() -> threading.Lock:
     return _lock
 
 
+PREEMPTED: list[str] = []
+"""The master's preemption notice, once it gave one (`sdk.preempted()` reads it)."""
+
+
 def _obey(answer: bytes) -> None:
-    """The master may answer with a command: so far only `exit`, from fault injection
-    (`--inject exit:worker-1:3@step=50`), which ends this process with that status."""
+    """The master may answer with a command: `exit`, from fault injection
+    (`--inject exit:worker-1:3@step=50`), which ends this process with that status, and
+    `preempt`, the notice that the job is about to be stopped (checkpoint now)."""
     import json
 
     try:
         command = json.loads(answer).get("command") or {}
     except (ValueError, AttributeError):
         return
+    notice = command.get("preempt") if isinstance(command, dict) else None
+    if isinstance(notice, str) and not PREEMPTED:
+        PREEMPTED.append(notice)
     code = command.get("exit") if isinstance(command, dict) else None
     if isinstance(code, int) and not isinstance(code, bool):
         sys.stdout.flush()
@@ -216,3 +224,4 @@ def reset_for_tests() -> None:
         _client.close()
     _client, _configured = None, False
     _warned.clear()
+    PREEMPTED.clear()
