@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests drive for real: PostgreSQL (a private server is
-# started by tests/postgres.py), Chromium (the web page's browser tests), and iproute2 and
-# util-linux (tests/hosts.py: hosts that share nothing, in network and mount namespaces).
+# started by tests/postgres.py), Chromium (the web page's browser tests), iproute2 and
+# util-linux (tests/hosts.py: hosts that share nothing, in network and mount namespaces),
+# and Slurm with MUNGE (tests/slurmcluster.py: a private 3-node cluster on those hosts; it
+# starts its own daemons, with its own configuration and key, not the packaged services).
 # Safe to run again: does nothing when they are there. Needs root or sudo on a fresh machine.
 set -euo pipefail
 shopt -s nullglob
@@ -12,6 +14,8 @@ initdb=(/usr/lib/postgresql/*/bin/initdb)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 command -v ip >/dev/null || need+=(iproute2)
 command -v nsenter >/dev/null || need+=(util-linux)
+[ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)  # slurmctld, slurmd and the clients
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi

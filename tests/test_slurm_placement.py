@@ -131,3 +131,17 @@ def test_the_stacks_step_finds_the_replicas_own_process_not_its_children() -> No
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # it and its child
         proc.wait()
+
+
+def test_srun_saying_node_failure_is_a_lost_node_though_it_exits_0() -> None:
+    """What Debian's Slurm 22.05 srun prints when the node under its task dies (exit 0)."""
+    from trainguard.backends.slurm.backend import node_failure
+
+    tail = [
+        "step 12 loss 0.5",
+        "srun: error: Node failure on tg-host-2",
+        "srun: error: Node failure on tg-host-2",
+    ]
+    assert node_failure(tail) == "tg-host-2"
+    assert node_failure([*tail, "srun: Job step aborted: Waiting up to 4 seconds"]) == "tg-host-2"
+    assert node_failure(["srun: error: tg-host-0: task 0: Exited with exit code 3"]) is None

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import socket
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -248,6 +249,10 @@ class SlurmBackend:
             return
         if (ev.attempt, ev.replica, ev.restart) in self._lost:
             return  # reported lost already, with its node as the cause
+        failed = node_failure(ev.evidence.log_tail)
+        if failed is not None:  # srun exits 0 when the node under its task dies
+            lost = replace(ev.evidence, returncode=None, node_lost=self._lost_text(failed))
+            ev = replace(ev, evidence=lost)
         if ev.evidence.stop_requested or ev.evidence.returncode == 0:
             self._emit(ev)
             return
@@ -319,6 +324,19 @@ class SlurmBackend:
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)")
+
+
+def node_failure(tail: Sequence[str]) -> str | None:
+    """The node srun says failed under its step ("srun: error: Node failure on n2", which
+    srun prints with exit status 0), or None."""
+    for line in reversed(tail[-20:]):
+        m = _NODE_FAILURE.match(line.strip())
+        if m:
+            return m.group(1)
+    return None
 
 
 def _address_towards(addr: str) -> str:
