@@ -150,9 +150,12 @@ class SlurmBackend:
         faulthandler_files: Mapping[str, Path],
     ) -> list[ReplicaSnapshot]:
         """py-spy on each replica's own node, through a step beside its own, all at once."""
-        return list(await asyncio.gather(*(self._stacks(t, timeout_s) for t in targets)))
+        steps = await self._steps()
+        return list(await asyncio.gather(*(self._stacks(t, timeout_s, steps) for t in targets)))
 
-    async def _stacks(self, target: tuple[str, int, int], timeout_s: float) -> ReplicaSnapshot:
+    async def _stacks(
+        self, target: tuple[str, int, int], timeout_s: float, steps: Mapping[str, str]
+    ) -> ReplicaSnapshot:
         name, rank, pid = target
         node, alloc = self._where.get(name), self._alloc
         job_id = self._job_id_of(name)
@@ -173,6 +176,7 @@ class SlurmBackend:
             name,
             str(rank),
             f"{timeout_s:g}",
+            *((alloc.job_id, steps[name]) if name in steps else ()),
         ]
         try:
             out = await cluster.run_slurm(argv, timeout_s=timeout_s + 15)

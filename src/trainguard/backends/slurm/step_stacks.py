@@ -1,8 +1,11 @@
 """The stacks of one replica's process, taken on its own node: run there as a job step
-(`srun --overlap ... python -m trainguard.backends.slurm.step_stacks JOB REPLICA RANK S`).
+(`srun --overlap ... python -m trainguard.backends.slurm.step_stacks JOB REPLICA RANK S
+SLURM_JOB SLURM_STEP`).
 
 The replica's process is the one on this node whose environment names the job and the
-replica (its own children, a data loader's workers, carry the same: the eldest is it).
+replica, and the Slurm step it runs in (the srun that started it, on the batch host,
+carries the first two as well; its own children, a data loader's workers, carry all:
+the eldest is it).
 Prints one JSON object, the snapshot as `ReplicaSnapshot.to_dict` gives it.
 """
 
@@ -18,9 +21,14 @@ from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
 
 
-def find_replica(job_id: str, replica: str, proc: Path = Path("/proc")) -> int | None:
-    """The pid of the replica's own process on this node, or None."""
+def find_replica(
+    job_id: str, replica: str, step: tuple[str, str] | None = None, proc: Path = Path("/proc")
+) -> int | None:
+    """The pid of the replica's own process on this node, or None. `step`: (Slurm job id,
+    step id) of the step it runs in."""
     want = {f"TRAINGUARD_JOB_ID={job_id}".encode(), f"TRAINGUARD_REPLICA={replica}".encode()}
+    if step is not None:
+        want |= {f"SLURM_JOB_ID={step[0]}".encode(), f"SLURM_STEP_ID={step[1]}".encode()}
     found: dict[int, int] = {}  # pid -> parent pid
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -38,7 +46,8 @@ def find_replica(job_id: str, replica: str, proc: Path = Path("/proc")) -> int |
 
 def main(argv: list[str]) -> int:
     job_id, replica, rank, timeout_s = argv[0], argv[1], int(argv[2]), float(argv[3])
-    pid = find_replica(job_id, replica)
+    step = (argv[4], argv[5]) if len(argv) >= 6 else None
+    pid = find_replica(job_id, replica, step)
     if pid is None:
         host = os.uname().nodename
         snap = ReplicaSnapshot(
