@@ -257,3 +257,105 @@ def test_a_hang_is_snapshotted_on_its_node(slurm: SlurmCluster, shared: Path) ->
     diagnosis = {r["replica"]: r for r in stacks[0]["report"]["replicas"]}
     frames = [f["name"] for f in diagnosis["worker-1"]["main_stack"]]
     assert "_stall_forever" in frames, diagnosis["worker-1"]
+
+
+def test_a_preemption_notice_checkpoints_and_the_requeued_job_resumes(
+    slurm: SlurmCluster, shared: Path, baseline: Path
+) -> None:
+    """Slurm's warning (`--signal=B:USR1@N`, sent here at once with scancel) reaches the
+    training code, which checkpoints; `scontrol requeue` stops the job (SIGTERM) and runs
+    its script again, whose `run --resume` goes on from that checkpoint."""
+    env = {**slurm.env, "TRAINGUARD_HOME": str(shared / "home")}
+    script = (
+        f"exec {TRAINGUARD} run --plain --job-name pre --resume --nodes 2 -- {sys.executable} "
+        f"{EXAMPLE} {' '.join(ARGS)} --ckpt-every 1000 --report "
+        f"--ckpt-dir {shared / 'ckpt'} --out {shared / 'final.pt'}"
+    )
+    submit = slurm.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N2",
+            "--no-kill",
+            "--requeue",
+            "--open-mode=append",
+            f"--output={shared / 'out.txt'}",
+            "--wrap",
+            script,
+        ],
+        env=env,
+    )
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip()
+    tg = _reader(shared)
+
+    def at_step(step: int) -> bool:
+        status = tg.status_or_none("pre")
+        return (((status or {}).get("progress") or {}).get("step") or 0) >= step
+
+    wait_for(lambda: at_step(20), 120, "the job training")
+    notice_s = time.time()
+    assert slurm.run(["scancel", "--batch", "--signal=USR1", job]).returncode == 0
+    ckpt = shared / "ckpt" / "checkpoint.pt"
+    wait_for(ckpt.exists, 30, "the checkpoint the notice asked for")
+    saved = int(torch.load(ckpt, weights_only=True)["step"])
+    assert slurm.run(["scontrol", "requeue", job]).returncode == 0
+    requeued_s = time.time()
+
+    def pending_now() -> bool:  # Slurm holds a requeued job ~2 min (its BeginTime): not here
+        res = slurm.run(["scontrol", "show", "job", job], timeout=30)
+        shown = res.stdout
+        if "JobState=PENDING" not in shown:
+            return "JobState=RUNNING" in shown
+        slurm.run(["scontrol", "update", f"jobid={job}", "starttime=now"])
+        return False
+
+    wait_for(pending_now, 60, "the requeued job running again")
+
+    def done() -> bool:
+        status = tg.status_or_none("pre")
+        return (status or {}).get("state") == "SUCCEEDED"
+
+    wait_for(done, 240, "the requeued job to resume and finish")
+    out = (shared / "out.txt").read_text()
+    assert "preemption notice" in out and "SIGTERM from Slurm" in out
+    assert f"resumed from reported checkpoint checkpoint_{saved:06d} of step {saved}" in out or (
+        f"of step {saved}" in out
+    ), out[-3000:]
+    assert _same_weights(shared / "final.pt", baseline)
+    status = tg.json("status", "pre")
+    print(
+        f"\nslurm preemption: checkpoint of step {saved} {ckpt.stat().st_mtime - notice_s:.1f} s "
+        f"after the notice; requeued job done {time.time() - requeued_s:.1f} s after the "
+        f"requeue ({status['attempts']} attempts)"
+    )
+
+
+def test_too_few_nodes_left_is_a_clear_capacity_failure_and_the_node_is_drained(
+    slurm: SlurmCluster, shared: Path
+) -> None:
+    spec = shared / "job.yaml"
+    spec.write_text(
+        "name: tight\nbackend: slurm\nslurm: {nodes: 2, drain_lost_nodes: true}\n"
+        "worker_pools:\n  - role: worker\n    replicas: 2\n"
+        f"    command: [{sys.executable}, {EXAMPLE}, --steps, '400', --step-time, '0.05',"
+        f" --ckpt-dir, {shared / 'ckpt'}]\n"
+    )
+    proc = _job(slurm, shared, "-f", str(spec), nodes=2)  # no spare node
+    tg = _reader(shared)
+    _wait_step(tg, "tight", 10, proc, 120)
+    slurm.kill(1)
+    code, _out, err = _finish(proc, 180)
+    assert code == 1, err[-3000:]
+    status = tg.json("status", "tight")
+    assert status["state"] == "FAILED" and status["error_code"] == "CAPACITY", status
+    assert (
+        "the job needs 2 node(s) of 1 task(s), and the allocation has 1 usable"
+        in (status["error_message"])
+    )
+    assert "tg-host-1 was lost under worker-1" in status["error_message"]
+    assert "DRAIN" in slurm.node_state(1)  # the spec allowed draining it
+    reason = slurm.scontrol("show", "node", "tg-host-1")
+    assert "Reason=trainguard: node tg-host-1 was lost under worker-1" in reason
+    slurm.run(["scontrol", "update", "nodename=tg-host-1", "state=resume"])
+    slurm.revive(1)

@@ -163,7 +163,7 @@ def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
     elif spec.backend == "slurm":
         from trainguard.backends.slurm.backend import SlurmBackend
 
-        backend = SlurmBackend(spec.slurm, tee=tee)
+        backend = SlurmBackend(spec.slurm, tee=tee, replicas=spec.world_size)
     else:
         backend = LocalBackend(tee=tee, preload=spec.preload)
     if preset(spec.framework).launcher == "mpi":

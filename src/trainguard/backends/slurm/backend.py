@@ -22,6 +22,7 @@ import random
 import re
 import socket
 import sys
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -53,8 +54,11 @@ class SlurmBackend:
         opts: SlurmOptions,
         tee: TextIO | None = None,
         env: Mapping[str, str] | None = None,
+        replicas: int = 1,
     ) -> None:
+        """`replicas`: how many the job has (the nodes it needs, at tasks_per_node)."""
         self._opts = opts
+        self._need = opts.nodes or -(-replicas // opts.tasks_per_node)
         self._env = env
         self._inner = LocalBackend(tee=tee, preload=())  # the srun processes, here
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
@@ -86,8 +90,11 @@ class SlurmBackend:
     async def rendezvous(self) -> tuple[str, int]:
         """The first usable node (rank 0's), and a fresh port there."""
         await self._refresh()
-        if not self._usable:
-            raise NoCapacity(self._no_node())
+        if len(self._usable) < self._need:
+            raise NoCapacity(
+                f"the job needs {self._need} node(s) of {self._opts.tasks_per_node} task(s), "
+                f"and the allocation has {len(self._usable)} usable{self._why_excluded()}"
+            )
         addr = self._nodes[self._usable[0]].addr
         return addr, _port_at(addr)
 
@@ -110,8 +117,12 @@ class SlurmBackend:
             self._opts.tasks_per_node,
             kept if running else None,
         )
-        if isinstance(placed, str):
-            raise NoCapacity(f"{placed}{self._why_excluded()}")
+        if isinstance(placed, str):  # a replica restarted alone finds no node
+            why = f"{placed}{self._why_excluded()}"
+            for la in launches:
+                ev = ExitEvidence(la.replica, None, spawn_error=why)
+                self._emit(ReplicaExited(la.attempt, la.replica, la.restart, None, ev, _now()))
+            return
         steps = []
         for la in launches:
             self._job_ids[la.replica] = la.env.get("TRAINGUARD_JOB_ID", "")
@@ -234,9 +245,6 @@ class SlurmBackend:
         found = await asyncio.gather(*(cluster.answers(n, timeout) for n in nodes))
         return {n.name: ok for n, ok in zip(nodes, found, strict=True)}
 
-    def _no_node(self) -> str:
-        return f"no node of the allocation is usable{self._why_excluded()}"
-
     def _why_excluded(self) -> str:
         if not self._excluded:
             return ""
@@ -341,6 +349,10 @@ def node_failure(tail: Sequence[str]) -> str | None:
         if m:
             return m.group(1)
     return None
+
+
+def _now() -> float:
+    return time.time()
 
 
 def _address_towards(addr: str) -> str:
