@@ -67,6 +67,20 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test hosts")
 
 
+def env_value(pid: int, name: str) -> str | None:
+    """The value of `name` in a process's environment (None: not set, or the process is
+    gone): how the cluster harnesses find the processes of their own test."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{name}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
 def _net_ns_of(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/net")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hosts import env_value
 
 from trainguard.backends.net import free_port
 
@@ -80,18 +81,6 @@ def _session_of(pid: int) -> int | None:
     return None if fields[0] == "Z" else int(fields[3])
 
 
-def _marker_of(pid: int) -> str | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    prefix = f"{MARKER}=".encode()
-    for entry in environ.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix) :].decode(errors="replace")
-    return None
-
-
 def _processes(session: int, temp_dir: str) -> list[int]:
     """A node's live processes: those of its launcher's session, and those carrying MARKER,
     which finds what actors started in sessions of their own."""
@@ -100,7 +89,9 @@ def _processes(session: int, temp_dir: str) -> list[int]:
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             pid = int(entry.name)
             in_session = _session_of(pid)
-            if in_session is not None and (in_session == session or _marker_of(pid) == temp_dir):
+            if in_session is not None and (
+                in_session == session or env_value(pid, MARKER) == temp_dir
+            ):
                 found.append(pid)
     return found
 

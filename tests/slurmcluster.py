@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hosts import Host, Hosts, hosts_on_a_bridge, require_hosts
+from hosts import Host, Hosts, env_value, hosts_on_a_bridge, require_hosts
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "salloc", "srun", "scontrol", "sinfo", "squeue", "scancel")
@@ -88,25 +88,13 @@ def _daemon(name: str) -> str:
     return path
 
 
-def _env_marker(pid: int) -> str | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    prefix = f"{MARKER}=".encode()
-    for entry in environ.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix) :].decode(errors="replace")
-    return None
-
-
 def sweep() -> list[int]:
     """SIGKILL the processes of clusters whose test process is gone; returns their pids."""
     killed = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        owner = _env_marker(int(entry.name))
+        owner = env_value(int(entry.name), MARKER)
         if owner and owner.isdigit() and not Path(f"/proc/{owner}").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)

@@ -8,6 +8,7 @@ a bug is not retried; scancel ends every step; a hang's stacks are taken on the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -303,12 +304,13 @@ def test_a_preemption_notice_checkpoints_and_the_requeued_job_resumes(
     requeued_s = time.time()
 
     def pending_now() -> bool:  # Slurm holds a requeued job ~2 min (its BeginTime): not here
-        res = slurm.run(["scontrol", "show", "job", job], timeout=30)
-        shown = res.stdout
-        if "JobState=PENDING" not in shown:
-            return "JobState=RUNNING" in shown
-        slurm.run(["scontrol", "update", f"jobid={job}", "starttime=now"])
-        return False
+        shown = slurm.run(["scontrol", "show", "job", job], timeout=30).stdout
+        if "JobState=PENDING" in shown:
+            slurm.run(["scontrol", "update", f"jobid={job}", "starttime=now"])
+            return False
+        # running again, or already done (and gone from slurmctld: MinJobAge is 2 s)
+        again = (tg.status_or_none("pre") or {}).get("attempts", 0) >= 2
+        return "JobState=RUNNING" in shown or again
 
     wait_for(pending_now, 60, "the requeued job running again")
 
@@ -319,9 +321,8 @@ def test_a_preemption_notice_checkpoints_and_the_requeued_job_resumes(
     wait_for(done, 240, "the requeued job to resume and finish")
     out = (shared / "out.txt").read_text()
     assert "preemption notice" in out and "SIGTERM from Slurm" in out
-    assert f"resumed from reported checkpoint checkpoint_{saved:06d} of step {saved}" in out or (
-        f"of step {saved}" in out
-    ), out[-3000:]
+    resumed = re.search(rf"resumed from reported checkpoint (\S+) of step {saved}\b", out)
+    assert resumed, out[-3000:]
     assert _same_weights(shared / "final.pt", baseline)
     status = tg.json("status", "pre")
     print(
