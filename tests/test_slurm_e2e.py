@@ -303,16 +303,24 @@ def test_a_preemption_notice_checkpoints_and_the_requeued_job_resumes(
     assert slurm.run(["scontrol", "requeue", job]).returncode == 0
     requeued_s = time.time()
 
+    seen: list[str] = []
+
     def pending_now() -> bool:  # Slurm holds a requeued job ~2 min (its BeginTime): not here
         shown = slurm.run(["scontrol", "show", "job", job], timeout=30).stdout
-        if "JobState=PENDING" in shown:
-            slurm.run(["scontrol", "update", f"jobid={job}", "starttime=now"])
+        state = re.search(r"JobState=(\S+)", shown)
+        seen.append(state[1] if state else "(gone)")
+        if state and state[1] in ("PENDING", "REQUEUE_HOLD", "SPECIAL_EXIT"):
+            slurm.run(["scontrol", "release", job], timeout=30)  # a held requeue
+            slurm.run(["scontrol", "update", f"jobid={job}", "starttime=now"], timeout=30)
             return False
         # running again, or already done (and gone from slurmctld: MinJobAge is 2 s)
         again = (tg.status_or_none("pre") or {}).get("attempts", 0) >= 2
-        return "JobState=RUNNING" in shown or again
+        return (state is not None and state[1] == "RUNNING" and "Restarts=1" in shown) or again
 
-    wait_for(pending_now, 60, "the requeued job running again")
+    try:
+        wait_for(pending_now, 150, "the requeued job running again")
+    except AssertionError:
+        raise AssertionError(f"job states seen after the requeue: {seen[-20:]}") from None
 
     def done() -> bool:
         status = tg.status_or_none("pre")
