@@ -17,7 +17,7 @@ from sdk_harness import (  # noqa: F401  (fixtures)
 )
 
 from trainguard import sdk
-from trainguard.master import sdk_channel as sdk_server
+from trainguard.master import sdk_wire
 from trainguard.master.sdk_channel import SdkServer
 
 # ---------------------------------------------------------------- the wire, raw
@@ -49,7 +49,7 @@ def request(
     return response.status, json.loads(raw)
 
 
-LONG = "r" * (sdk_server.MAX_REPLICA_CHARS + 1)
+LONG = "r" * (sdk_wire.MAX_REPLICA_CHARS + 1)
 
 
 @pytest.mark.parametrize(
@@ -83,18 +83,18 @@ LONG = "r" * (sdk_server.MAX_REPLICA_CHARS + 1)
         ("/v1/retryable_errors", '{"replica": "w", "patterns": ["a", 1]}', "patterns[1]"),
         (
             "/v1/retryable_errors",
-            json.dumps({"replica": "w", "patterns": ["p"] * (sdk_server.MAX_PATTERNS + 1)}),
+            json.dumps({"replica": "w", "patterns": ["p"] * (sdk_wire.MAX_PATTERNS + 1)}),
             "patterns",
         ),
         (
             "/v1/retryable_errors",
-            json.dumps({"replica": "w", "patterns": ["p" * (sdk_server.MAX_PATTERN_CHARS + 1)]}),
+            json.dumps({"replica": "w", "patterns": ["p" * (sdk_wire.MAX_PATTERN_CHARS + 1)]}),
             "patterns[0]",
         ),
         ("/v1/message", '{"replica": "w"}', "text"),
         (
             "/v1/message",
-            json.dumps({"replica": "w", "text": "t" * (sdk_server.MAX_TEXT_CHARS + 1)}),
+            json.dumps({"replica": "w", "text": "t" * (sdk_wire.MAX_TEXT_CHARS + 1)}),
             "text",
         ),
         ("/v1/faulthandler", "{}", "replica"),
@@ -120,8 +120,8 @@ def test_bad_bodies_answer_400_naming_the_field(
         ("/v1/retryable_errors", '{"replica": "w", "patterns": []}', ("retryable_errors", "w", [])),
         (
             "/v1/message",
-            json.dumps({"replica": "w", "text": "t" * sdk_server.MAX_TEXT_CHARS}),
-            ("message", "w", "t" * sdk_server.MAX_TEXT_CHARS),
+            json.dumps({"replica": "w", "text": "t" * sdk_wire.MAX_TEXT_CHARS}),
+            ("message", "w", "t" * sdk_wire.MAX_TEXT_CHARS),
         ),
         ("/v1/faulthandler", '{"replica": "w"}', ("faulthandler", "w")),
     ],
@@ -159,7 +159,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(master: Master) -> No
     conn.close()
 
 
-@pytest.mark.parametrize("size", [sdk_server.MAX_BODY_BYTES, 8 * sdk_server.MAX_BODY_BYTES])
+@pytest.mark.parametrize("size", [sdk_wire.MAX_BODY_BYTES, 8 * sdk_wire.MAX_BODY_BYTES])
 def test_oversized_body_answers_413(master: Master, size: int) -> None:
     """Even when the client is still sending the body as the answer goes out."""
     body = json.dumps({"replica": "w", "text": "t" * size})
@@ -200,4 +200,4 @@ def test_server_misuse_is_reported() -> None:
 
 
 def test_wire_constant_agrees() -> None:
-    assert sdk.HANG_DETECT_OFF == sdk_server.HANG_DETECT_OFF
+    assert sdk.HANG_DETECT_OFF == sdk_wire.HANG_DETECT_OFF

@@ -21,5 +21,6 @@ __all__ = [
     "output_progress",
     "runner",
     "sdk_channel",
+    "sdk_wire",
     "snapshot_keeper",
 ]

@@ -164,7 +164,7 @@ events = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("job_id", ForeignKey("jobs.id"), nullable=False, index=True),
     Column("at_s", Float, nullable=False),
-    Column("replica", String(128)),  # as named by the SDK (sdk_server.MAX_REPLICA_CHARS)
+    Column("replica", String(128)),  # as named by the SDK (master.sdk_wire.MAX_REPLICA_CHARS)
     Column("kind", String(32), nullable=False),
     Column("text", Text),
 )

@@ -1,0 +1,152 @@
+"""What the SDK channel accepts in a request body: one reader per field, each failing
+with a one-line error that names the field, what it expects and what it got.
+
+Apart from the server (`sdk_channel`): these are the wire contract with the SDK, not
+HTTP framing, and the limits here are the ones the SDK documents.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from http import HTTPStatus
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_REPLICA_CHARS = 128
+MAX_PATTERNS = 100
+MAX_PATTERN_CHARS = 1000
+MAX_TEXT_CHARS = 4000
+MAX_STEP = 10**15  # more steps than any run takes: a larger number is garbage
+MAX_SECONDS = 10**7  # a hang_detect scope longer than ~115 days is a typo
+HANG_DETECT_OFF = -1
+"""The SDK's `hang_detect(-1)`: detection off in that scope (sdk.HANG_DETECT_OFF)."""
+
+SHOWN_CHARS = 60
+"""How much of a rejected value an error message quotes."""
+
+
+class HttpError(Exception):
+    """A request answered with `status` and a one-line JSON error."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+Body = dict[str, object]
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_object(raw: bytes) -> Body:
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"body: malformed JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "body: expected a JSON object")
+    return value
+
+
+def _bad(field: str, expected: str, value: object) -> HttpError:
+    return HttpError(HTTPStatus.BAD_REQUEST, f"{field}: expected {expected}, got {show(value)}")
+
+
+def show(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= SHOWN_CHARS else shown[: SHOWN_CHARS - 3] + "..."
+
+
+def read_replica(body: Body) -> str:
+    value = body.get("replica")
+    if not (isinstance(value, str) and 0 < len(value) <= MAX_REPLICA_CHARS and value.isprintable()):
+        raise _bad("replica", f"a printable string of 1 to {MAX_REPLICA_CHARS} chars", value)
+    return value
+
+
+def read_step(body: Body) -> int | None:
+    value = body.get("step")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        raise _bad("step", f"an integer from 0 to {MAX_STEP} or null", value)
+    return value
+
+
+def read_given_step(body: Body) -> int:
+    step = read_step(body)
+    if step is None:
+        raise _bad("step", f"an integer from 0 to {MAX_STEP}", None)
+    return step
+
+
+MAX_WORLD = 1_000_000
+
+
+def read_world(body: Body) -> int:
+    value = body.get("world")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD:
+        raise _bad("world", f"an integer from 1 to {MAX_WORLD}", value)
+    return value
+
+
+def read_seconds(body: Body) -> float | None:
+    value = body.get("seconds")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad("seconds", "a number or null", value)
+    if value > MAX_SECONDS:
+        raise _bad("seconds", f"at most {MAX_SECONDS}", value)
+    if value != HANG_DETECT_OFF and value <= 0:
+        raise _bad("seconds", f"> 0 or {HANG_DETECT_OFF} (off)", value)
+    return float(value)
+
+
+def read_patterns(body: Body) -> list[str]:
+    value = body.get("patterns")
+    if not (isinstance(value, list) and len(value) <= MAX_PATTERNS):
+        raise _bad("patterns", f"a list of at most {MAX_PATTERNS} strings", value)
+    for i, pattern in enumerate(value):
+        if not (isinstance(pattern, str) and len(pattern) <= MAX_PATTERN_CHARS):
+            raise _bad(f"patterns[{i}]", f"a string of at most {MAX_PATTERN_CHARS} chars", pattern)
+    return value
+
+
+MAX_METRICS = 100
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_\d{6,20}$")
+
+
+def read_metrics(body: Body) -> dict[str, object]:
+    value = body.get("metrics")
+    if not (isinstance(value, dict) and len(value) <= MAX_METRICS):
+        raise _bad("metrics", f"an object of at most {MAX_METRICS} entries", value)
+    for key, item in value.items():
+        if len(key) > MAX_REPLICA_CHARS:
+            raise _bad("metrics", f"keys of at most {MAX_REPLICA_CHARS} chars", key)
+        if isinstance(item, str) and len(item) > MAX_TEXT_CHARS:
+            raise _bad(f"metrics.{key}", f"a string of at most {MAX_TEXT_CHARS} chars", item)
+        if isinstance(item, float) and not math.isfinite(item):
+            raise _bad(f"metrics.{key}", "a finite number", item)
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**63:
+            raise _bad(f"metrics.{key}", "an integer that fits in 64 bits", item)
+        if not (isinstance(item, int | float | str | bool) or item is None):
+            raise _bad(f"metrics.{key}", "a number, string, boolean or null", item)
+    return value
+
+
+def read_checkpoint(body: Body) -> str | None:
+    value = body.get("checkpoint")
+    if value is not None and not (isinstance(value, str) and _CHECKPOINT_NAME.match(value)):
+        raise _bad("checkpoint", "null or a name like checkpoint_000001", value)
+    return value
+
+
+def read_text(body: Body) -> str:
+    value = body.get("text")
+    if not (isinstance(value, str) and len(value) <= MAX_TEXT_CHARS):
+        raise _bad("text", f"a string of at most {MAX_TEXT_CHARS} chars", value)
+    return value
