@@ -40,17 +40,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from trainguard.policy.actions import FailJob, RestartJob, RestartReplica, WaitForCapacity, describe
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.decisions import (
-    FailJob,
-    RestartJob,
-    RestartReplica,
-    WaitForCapacity,
-    decide_failure,
-    describe,
-)
+from trainguard.policy.decisions import decide_failure
 from trainguard.spec.limits import UNLIMITED
 from trainguard.spec.models import ExecutionMode, FaultTolerance
 

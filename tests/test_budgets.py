@@ -7,17 +7,17 @@ from typing import Any
 import pytest
 from policy_cases import _charges, _failure, _ft
 
-from trainguard.policy.budgets import Budgets, Charge
-from trainguard.policy.decisions import (
+from trainguard.policy.actions import (
     Decision,
     FailJob,
     Ignore,
     RestartJob,
     RestartReplica,
     Succeed,
-    decide_failure,
     describe,
 )
+from trainguard.policy.budgets import Budgets, Charge
+from trainguard.policy.decisions import decide_failure
 from trainguard.spec.models import FaultTolerance
 
 # ---------------------------------------------------------------- Budgets.after

@@ -11,14 +11,9 @@ from policy_cases import _failure
 from trainguard.errors import SpecError
 from trainguard.frameworks import PRESETS, EnvContext, Roster, preset
 from trainguard.frameworks.replica_plan import plan_replicas, replica_env
+from trainguard.policy.actions import FailJob, GiveUpReplica, RestartJob, RestartReplica
 from trainguard.policy.budgets import Budgets
-from trainguard.policy.decisions import (
-    FailJob,
-    GiveUpReplica,
-    RestartJob,
-    RestartReplica,
-    decide_failure,
-)
+from trainguard.policy.decisions import decide_failure
 from trainguard.spec.models import ExecutionMode, SuccessPolicy, validate_spec
 
 

@@ -17,14 +17,7 @@ from fakes import FakeBackend, FakeClock, make_master
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.events import CapacityRetry, Transition
 from trainguard.master.loop import Master
-from trainguard.policy.decisions import (
-    Expire,
-    FailJob,
-    GiveUpReplica,
-    Ignore,
-    RestartJob,
-    Succeed,
-)
+from trainguard.policy.actions import Expire, FailJob, GiveUpReplica, Ignore, RestartJob, Succeed
 from trainguard.records.explain import print_explain
 from trainguard.records.queries import StoreReader
 from trainguard.states import JobState

@@ -7,6 +7,16 @@ from typing import Any
 import pytest
 from policy_cases import _charges, _failure, _ft
 
+from trainguard.policy.actions import (
+    Decision,
+    FailJob,
+    Ignore,
+    RestartJob,
+    RestartReplica,
+    Succeed,
+    WaitForCapacity,
+    describe,
+)
 from trainguard.policy.budgets import Budgets, Charge, Failure
 from trainguard.policy.classes import (
     INTERNAL_ERROR_MESSAGE,
@@ -16,18 +26,7 @@ from trainguard.policy.classes import (
     FailureClass,
 )
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.decisions import (
-    Decision,
-    FailJob,
-    Ignore,
-    RestartJob,
-    RestartReplica,
-    Succeed,
-    WaitForCapacity,
-    decide_clean_exit,
-    decide_failure,
-    describe,
-)
+from trainguard.policy.decisions import decide_clean_exit, decide_failure
 from trainguard.spec.models import SuccessPolicy
 
 JOB_1 = Charge("job_restarts", 1, 3)

@@ -16,13 +16,8 @@ from trainguard.master.events import (
     PendingRestart,
 )
 from trainguard.master.sdk_channel import new_token
+from trainguard.policy.actions import Expire, RestartJob, RestartReplica, describe
 from trainguard.policy.budgets import Failure
-from trainguard.policy.decisions import (
-    Expire,
-    RestartJob,
-    RestartReplica,
-    describe,
-)
 from trainguard.policy.gpus import NotEnoughGpus
 from trainguard.policy.verdicts import (
     decide_capacity_wait,

@@ -37,14 +37,11 @@ from trainguard.master.ledger import Ledger
 from trainguard.master.output_progress import OutputProgress
 from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.master.snapshot_keeper import SnapshotKeeper
+from trainguard.policy.actions import Decision
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.policy.decisions import (
-    STARTUP_WINDOW_S,
-    Decision,
-    decide_failure,
-)
+from trainguard.policy.decisions import STARTUP_WINDOW_S, decide_failure
 from trainguard.policy.gpus import GpuPool
 from trainguard.policy.logcontext import last_step
 from trainguard.records.recorder import Recorder

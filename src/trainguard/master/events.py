@@ -13,8 +13,8 @@ from trainguard.backends.api import (
 )
 from trainguard.frameworks.replica_plan import ReplicaPlan
 from trainguard.hangs.watch import HangDetected
+from trainguard.policy.actions import Decision
 from trainguard.policy.budgets import Failure
-from trainguard.policy.decisions import Decision
 from trainguard.states import JobState, ReplicaState
 
 

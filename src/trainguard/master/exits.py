@@ -11,22 +11,21 @@ from trainguard.backends.api import (
 )
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
+from trainguard.policy.actions import (
+    Decision,
+    FailJob,
+    GiveUpReplica,
+    RestartJob,
+    Succeed,
+    describe,
+)
 from trainguard.policy.budgets import Failure
 from trainguard.policy.classes import ExitKind
 from trainguard.policy.classify import (
     classify_exit,
     failed_before_stop,
 )
-from trainguard.policy.decisions import (
-    Decision,
-    FailJob,
-    GiveUpReplica,
-    RestartJob,
-    Succeed,
-    decide_clean_exit,
-    describe,
-    root_cause,
-)
+from trainguard.policy.decisions import decide_clean_exit, root_cause
 from trainguard.policy.verdicts import (
     arm_exit_hang,
     decide_success,

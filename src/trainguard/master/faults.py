@@ -14,14 +14,11 @@ from trainguard.master.events import (
     PendingRestart,
 )
 from trainguard.master.inject import kill_this_master
+from trainguard.policy.actions import RestartJob, describe
 from trainguard.policy.budgets import Failure
 from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE
 from trainguard.policy.classify import (
     internal_failure,
-)
-from trainguard.policy.decisions import (
-    RestartJob,
-    describe,
 )
 from trainguard.spec.injection import Injection
 from trainguard.states import AttemptOutcome, ErrorCode, JobState

@@ -12,8 +12,8 @@ from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
 from trainguard.backends.net import listens
 from trainguard.master.attempts import Attempts
 from trainguard.master.events import GroupRejoin, MasterEvent
+from trainguard.policy.actions import RestartGroup
 from trainguard.policy.budgets import Failure
-from trainguard.policy.decisions import RestartGroup
 from trainguard.states import JobState, ReplicaState
 
 SERVICE_READY_S = 60.0

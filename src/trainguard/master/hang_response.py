@@ -7,11 +7,9 @@ import asyncio
 from trainguard.hangs.diagnose import diagnose
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
+from trainguard.policy.actions import describe
 from trainguard.policy.classify import (
     hang_failure,
-)
-from trainguard.policy.decisions import (
-    describe,
 )
 from trainguard.policy.verdicts import (
     judge_hang,

@@ -32,8 +32,7 @@ from trainguard.master.exits import Exits
 from trainguard.master.faults import Faults
 from trainguard.master.groups import Groups
 from trainguard.master.hang_response import HangResponse
-from trainguard.policy.budgets import Failure
-from trainguard.policy.decisions import (
+from trainguard.policy.actions import (
     Decision,
     Expire,
     FailJob,
@@ -46,6 +45,7 @@ from trainguard.policy.decisions import (
     WaitForCapacity,
     describe,
 )
+from trainguard.policy.budgets import Failure
 from trainguard.records.schema import DECISION_EVENT
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 

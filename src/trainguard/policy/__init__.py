@@ -4,6 +4,7 @@ clean exit, a hang or a start. No process, clock or network.
 """
 
 __all__ = [
+    "actions",
     "budgets",
     "catalogue",
     "classes",

@@ -1,4 +1,4 @@
-"""Fault-tolerance policy (R-POL-1..3, R-POL-5): pure decisions, as values.
+"""Fault-tolerance policy (R-POL-1..3, R-POL-5): pure decisions, as values (`actions`).
 
 `decide_failure(ft, budgets, failure, world_size)` and `decide_clean_exit(...)` touch
 no process, file or clock. The master applies what they return and then records the
@@ -27,6 +27,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trainguard.policy.actions import (
+    Decision,
+    FailJob,
+    GiveUpReplica,
+    Ignore,
+    RestartGroup,
+    RestartJob,
+    RestartReplica,
+    Succeed,
+    WaitForCapacity,
+)
 from trainguard.policy.budgets import Budgets, Charge, Failure, Limit, Occurrence
 from trainguard.policy.classes import Classification, FailureClass
 from trainguard.spec.limits import UNLIMITED, limit_allows
@@ -37,102 +48,6 @@ from trainguard.spec.models import (
     SuccessPolicy,
 )
 from trainguard.states import ErrorCode
-
-# ---------------------------------------------------------------- decisions
-
-
-@dataclass(frozen=True)
-class RestartJob:
-    reason: str
-    charges: tuple[Charge, ...]
-
-
-@dataclass(frozen=True)
-class RestartReplica:
-    replica: str
-    reason: str
-    charges: tuple[Charge, ...]
-
-
-@dataclass(frozen=True)
-class RestartGroup:
-    """Stop the rest of a replica group and restart the whole group alone, `after_s`
-    after its failure (torchft: once the Lighthouse has dropped the dead group); every
-    other group trains on untouched."""
-
-    group: int
-    replicas: tuple[str, ...]
-    after_s: float
-    reason: str
-    charges: tuple[Charge, ...]
-
-
-@dataclass(frozen=True)
-class FailJob:
-    error_code: str
-    message: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class WaitForCapacity:
-    """Stop, wait, and try again without charging a budget (queue.wait_for_capacity)."""
-
-    reason: str
-    message: str = ""  # what the job's error message says meanwhile, if not the failure's
-
-
-@dataclass(frozen=True)
-class GiveUpReplica:
-    """Leave this replica failed and let the job go on without it."""
-
-    replica: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Succeed:
-    reason: str
-    error_code: str | None = None  # PARTIAL: some replicas were given up
-    message: str | None = None
-
-
-@dataclass(frozen=True)
-class Expire:
-    """The wait for capacity ran past `queue.max_wait_s`: the job ends EXPIRED."""
-
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Ignore:
-    reason: str
-
-
-Decision = (
-    RestartJob
-    | RestartReplica
-    | RestartGroup
-    | GiveUpReplica
-    | FailJob
-    | WaitForCapacity
-    | Expire
-    | Succeed
-    | Ignore
-)
-
-
-def describe(decision: Decision) -> str:
-    """One line for records and logs: what was decided, why, and what it cost."""
-    name = type(decision).__name__
-    charges = getattr(decision, "charges", ())
-    cost = f" [charged {', '.join(map(str, charges))}]" if charges else ""
-    target = f"({decision.replica})" if isinstance(decision, RestartReplica | GiveUpReplica) else ""
-    if isinstance(decision, RestartGroup):
-        target = f"(group {decision.group}: {', '.join(decision.replicas)})"
-    return f"{name}{target}: {decision.reason}{cost}"
-
 
 # ---------------------------------------------------------------- rules
 

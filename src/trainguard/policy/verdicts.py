@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainguard.policy.decisions import Decision, Expire, FailJob, Ignore, Succeed, WaitForCapacity
+from trainguard.policy.actions import Decision, Expire, FailJob, Ignore, Succeed, WaitForCapacity
 from trainguard.spec.models import QueuePolicy
 from trainguard.states import ErrorCode
 
