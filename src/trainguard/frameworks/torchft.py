@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from trainguard.frameworks.base import EnvContext, Preset, Roster
 from trainguard.policy.decisions import RolePolicy
+from trainguard.spec.engines import TorchftOptions
 from trainguard.spec.frameworks import TORCHFT_SERVICES
-from trainguard.spec.models import TorchftOptions
 
 if TYPE_CHECKING:
     from trainguard.spec.models import JobSpec

@@ -5,6 +5,8 @@ configuration. Imports only `errors`.
 
 __all__ = [
     "aimaster_flags",
+    "base",
+    "engines",
     "frameworks",
     "injection",
     "limits",

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from trainguard.spec.base import SpecModel
 from trainguard.states import JobState
 
 EventKind = Literal["state_change", "restart", "hang", "isolation", "custom_message"]
@@ -15,10 +16,8 @@ EVENT_KINDS: tuple[str, ...] = ("state_change", "restart", "hang", "isolation", 
 _JOB_STATES = tuple(s.value for s in JobState)
 
 
-class NotifyRule(BaseModel):
+class NotifyRule(SpecModel):
     """Which events go to which sink, e.g. every FAILED state change to a webhook."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     events: list[EventKind] = Field(default_factory=lambda: list(EVENT_KINDS))  # type: ignore[arg-type]
     # For state_change events: only these target states (default: every state).

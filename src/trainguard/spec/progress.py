@@ -6,18 +6,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import re2  # type: ignore[import-untyped]
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
+
+from trainguard.spec.base import SpecModel
 
 MAX_PATTERN = 1000
 """A progress pattern longer than this is a mistake, not a regex."""
 
 
-class ProgressOptions(BaseModel):
+class ProgressOptions(SpecModel):
     """`progress: auto` (default) reads what popular trainers print; `off` reads nothing;
     `progress: {pattern: 'it (?P<step>\\d+) loss (?P<loss>\\S+)'}` reads only that (a
     string that is neither keyword is a pattern). SDK reports always come first."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     read: Literal["auto", "off"] = "auto"
     # RE2 (case-insensitive), searched in every output line: a named group `step` (an

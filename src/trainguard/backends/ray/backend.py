@@ -33,7 +33,8 @@ from trainguard.backends.ray.host import ReplicaHost
 from trainguard.backends.ray.warm import NodeZygotes
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
-from trainguard.spec.models import RayOptions, Resources
+from trainguard.spec.engines import RayOptions
+from trainguard.spec.models import Resources
 from trainguard.spec.sizes import parse_memory
 
 _POLL_S = 0.5  # a read waits this long for output on the node before it answers empty

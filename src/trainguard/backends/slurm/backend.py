@@ -42,7 +42,7 @@ from trainguard.backends.slurm.cluster import Allocation, Node, SlurmError
 from trainguard.backends.slurm.placement import place, srun_argv
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
-from trainguard.spec.models import SlurmOptions
+from trainguard.spec.engines import SlurmOptions
 
 _PORTS = (20000, 60000)
 """A rendezvous port on another node is drawn from this range (nothing here can test it)."""

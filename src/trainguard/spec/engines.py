@@ -1,0 +1,75 @@
+"""Options of the engines that place and group a job's replicas: a Ray cluster, a Slurm
+allocation, torchft's replica groups (the `ray:`, `slurm:` and `torchft:` sections)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trainguard.spec.base import SpecModel
+from trainguard.spec.limits import MAX_LIMIT, MAX_REPLICAS, MAX_SECONDS, Limit
+
+
+class RayOptions(SpecModel):
+    """Where and how a job's replicas are placed on a Ray cluster."""
+
+    address: str = "auto"  # `auto`, host:port of the GCS, or ray://host:10001
+    placement_strategy: Literal["spread", "pack"] = "spread"
+    placement_timeout_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
+    driver_ip: str | None = None  # the master's own address in the cluster (tests: 127.0.0.1)
+    # A node that answers none of the master's calls for this long is lost: a host cut off
+    # the network stays "alive" in Ray's eyes for ~30 s (its default health check).
+    node_timeout_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
+
+    @field_validator("driver_ip")
+    @classmethod
+    def _one_address(cls, value: str | None) -> str | None:
+        """The SDK channel listens there: an address replicas dial, never all interfaces."""
+        if value is not None and value.strip("[]") in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                f"{value!r} is every interface: name the master's own address in the cluster"
+            )
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lower(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("placement_strategy"), str):
+            data = {**data, "placement_strategy": data["placement_strategy"].lower()}
+        return data
+
+
+class SlurmOptions(SpecModel):
+    """A job inside a Slurm allocation (`sbatch`/`salloc`): each replica a job step (`srun`)
+    on one of the allocation's nodes, `tasks_per_node` replicas per node in rank order."""
+
+    # Nodes the job uses (default: as many as its replicas need at tasks_per_node); the
+    # allocation's other nodes are spares for a node that is lost.
+    nodes: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    tasks_per_node: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # `scontrol update nodename=N state=drain reason=...` for a lost node (needs the right).
+    drain_lost_nodes: bool = False
+    srun_args: list[str] = Field(default_factory=list)  # more flags for every step
+    # How long a node's slurmd may take to answer a connect before it counts as lost.
+    probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class TorchftOptions(SpecModel):
+    """A torchft job (framework torchft): its replica groups and its Lighthouse's timing.
+
+    The worker pool's replicas are `groups x nproc_per_group`; group g is the ranks
+    g*N .. g*N+N-1. torchft's Lighthouse defaults (a 60 s join timeout, a 5 s heartbeat)
+    suit a cluster of many groups; a quorum here waits 1 s for stragglers and a group is
+    dead after 2 s of silence, so a restarted group rejoins in seconds.
+    """
+
+    nproc_per_group: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # Groups a quorum needs; with 1, a lone healthy group trains on while the others heal.
+    min_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    heartbeat_timeout_ms: int = Field(default=2000, ge=100, le=3_600_000)
+    join_timeout_ms: int = Field(default=1000, ge=0, le=3_600_000)
+    # How often a trainer retries a quorum the Lighthouse did not answer (it restarts).
+    quorum_retries: int = Field(default=20, ge=0, le=MAX_LIMIT)
+    # Restarts of each group alone within an attempt; then the whole job restarts.
+    max_group_restarts: Limit = 10
