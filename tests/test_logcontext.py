@@ -75,6 +75,8 @@ def test_what_the_master_knows_wins_over_the_text() -> None:
         (["已杀死"], "SIGKILL"),
         (["Process finished with exit code 139 (interrupted by signal 11: SIGSEGV)"], "SIGSEGV"),
         (["process 1 terminated with signal SIGKILL"], "SIGKILL"),
+        (["rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>"], "SIGKILL"),
+        (["traceback : signal 9 (SIGKILL) received by PID 36071"], "SIGKILL"),
         (["[launch.py:315] exits with return code = 1"], None),
         (["all good"], None),
     ],
@@ -227,6 +229,33 @@ def test_a_shell_killed_sigkill_is_read_as_the_oom_killer() -> None:
     # without the shell's word it is a kill from outside
     c = classify_by_rules(ExitEvidence("w", -9))
     assert (c.failure_class, c.retryable) == (FailureClass.PREEMPTION, True)
+
+
+@pytest.mark.parametrize(
+    ("code", "tail"),
+    [
+        (
+            1,
+            (
+                "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated "
+                "with signal SIGKILL",
+            ),
+        ),
+        (-9, ("Root Cause (first observed failure):", "[0]:", "  exitcode  : -9 (pid: 12)")),
+    ],
+)
+def test_a_child_sigkilled_under_a_launcher_is_read_as_the_oom_killer(
+    code: int, tail: tuple[str, ...]
+) -> None:
+    """The launcher lived to report one child's SIGKILL: a kill of one process, as the OOM
+    killer makes; a preemption or a lost node takes the launcher too."""
+    c = classify_by_rules(ExitEvidence("w", code, log_tail=tail))
+    assert (c.failure_class, c.retryable, c.rule) == (
+        FailureClass.HOST_OOM,
+        False,
+        "child-killed-under-launcher",
+    )
+    assert c.confidence < 0.7  # the learned model may read the log as a second opinion
 
 
 def test_a_peer_reset_defers_to_a_cause_elsewhere_in_the_tail() -> None:

@@ -171,6 +171,20 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 + ("" if trained else ", and no training step before it: retried once"),
             ),
         )
+    if sig == signal.SIGKILL and child_signal(lines) == "SIGKILL":
+        return Verdict(
+            FailureClass.HOST_OOM,
+            False,
+            "child-killed-under-launcher",
+            "a launcher's child was SIGKILLed",
+            0.6,
+            notes=(
+                *notes,
+                "a launcher lived to report that one child was SIGKILLed: a kill of one "
+                "process, as the kernel's OOM killer makes (a preemption or a lost node "
+                "stops them all)",
+            ),
+        )
     if sig == signal.SIGKILL and _shell_killed(lines):
         return Verdict(
             FailureClass.HOST_OOM,

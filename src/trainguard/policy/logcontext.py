@@ -93,14 +93,14 @@ def phase_of(lines: Sequence[str], progressed: bool | None = None) -> Phase:
 # ChildFailedError summary, multiprocessing.spawn, DeepSpeed's and Accelerate's
 # launchers, a shell. Each gives the child's return code (-N for a signal) or a signal.
 _CHILD_CODE = (
-    re.compile(r"^exitcode\s*:\s*(-?\d+)"),
+    re.compile(r"(?:^|\))exitcode\s*:\s*(-?\d+)"),  # a paste may glue it to "(local rank: 2)"
     re.compile(r"\bfailed \(exitcode: (-?\d+)\)"),
     re.compile(r"exits? with return code\s*=\s*(-?\d+)"),
     re.compile(r"returned non-zero exit status (-?\d+)"),
     re.compile(r"\bexit(?:ed)?(?: with)? (?:code|status)[:= ]+(1[2-9]\d)\b", re.IGNORECASE),
 )
 _CHILD_SIGNAL = (
-    re.compile(r"Signal \d+ \((SIG[A-Z]+)\) received by PID"),
+    re.compile(r"Signal \d+ \((SIG[A-Z]+)\) received by PID", re.IGNORECASE),
     re.compile(r"terminated with signal (SIG[A-Z]+)"),
     re.compile(r"died with <Signals\.(SIG[A-Z]+): \d+>"),
     re.compile(r"killed by signal:? (SIG[A-Z]+|Killed|Segmentation fault|Aborted)", re.I),
