@@ -67,30 +67,35 @@ def read_replica(body: Body) -> str:
     return value
 
 
-def read_step(body: Body) -> int | None:
-    value = body.get("step")
+def _optional_int(body: Body, field: str, low: int, high: int) -> int | None:
+    value = body.get(field)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
-        raise _bad("step", f"an integer from 0 to {MAX_STEP} or null", value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(field, f"an integer from {low} to {high} or null", value)
     return value
 
 
+def _int(body: Body, field: str, low: int, high: int) -> int:
+    value = body.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(field, f"an integer from {low} to {high}", value)
+    return value
+
+
+def read_step(body: Body) -> int | None:
+    return _optional_int(body, "step", 0, MAX_STEP)
+
+
 def read_given_step(body: Body) -> int:
-    step = read_step(body)
-    if step is None:
-        raise _bad("step", f"an integer from 0 to {MAX_STEP}", None)
-    return step
+    return _int(body, "step", 0, MAX_STEP)
 
 
 MAX_WORLD = 1_000_000
 
 
 def read_world(body: Body) -> int:
-    value = body.get("world")
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD:
-        raise _bad("world", f"an integer from 1 to {MAX_WORLD}", value)
-    return value
+    return _int(body, "world", 1, MAX_WORLD)
 
 
 def read_seconds(body: Body) -> float | None:
