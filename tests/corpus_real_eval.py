@@ -266,8 +266,18 @@ def main() -> None:
     p.add_argument(
         "--ceiling", action="store_true", help="also score answering by the case's category"
     )
+    p.add_argument(
+        "--first-contact",
+        metavar="PREFIX",
+        help="score only the cases whose id starts with PREFIX (a round, e.g. r4) with the "
+        "shipped model, both parts, and exit: run on the commit before the round was read",
+    )
     args = p.parse_args()
     cases = load()
+    if args.first_contact:
+        new = [c for c in cases if c.id.startswith(args.first_contact)]
+        print(score([(c, classify_case(c)) for c in new]).line(f"{args.first_contact}*"))
+        return
     if args.train:
         MODEL.write_text(json.dumps(learned.to_dict(train(cases)), indent=0) + "\n")
         print(f"wrote {MODEL} ({MODEL.stat().st_size} bytes)")
