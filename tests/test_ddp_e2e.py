@@ -152,7 +152,10 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
     print(f"{how}: hang detected {delay:.2f} s after the last step (interval 5 s)")
     assert 5 - 0.5 <= delay <= 5 + 2
 
-    (snap,) = tg.json("stacks", job["id"], "--attempt", "0")
+    # the one the hang was decided on (a slow start-up may have left a cleared one before it)
+    (rec,) = tg.json("records", job["id"])
+    snaps = tg.json("stacks", job["id"], "--attempt", "0")
+    (snap,) = [s for s in snaps if s["id"] == rec["snapshot_id"]]
     assert snap["culprits"] == ["worker-1"]
     states = {r["replica"]: r["state"] for r in snap["report"]["replicas"]}
     assert states["worker-0"] == "communication", stacks

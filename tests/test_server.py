@@ -125,6 +125,11 @@ def sleeper(seconds: float) -> list[str]:
     return ["--", *child("*:print:started {rank}", f"*:sleep:{seconds}", "*:print:done")]
 
 
+def gated(gate: Path) -> list[str]:
+    """A job that runs until the test creates `gate`: no race with a slow machine."""
+    return ["--", *child("*:print:started {rank}", f"*:wait-file:{gate}", "*:print:done")]
+
+
 def test_submit_runs_the_job_and_every_reader_works_over_http(server_factory: Any) -> None:
     srv = server_factory("--cpus", "4")
     job_id = srv.submit(
@@ -154,15 +159,18 @@ def test_submit_runs_the_job_and_every_reader_works_over_http(server_factory: An
 
 @pytest.mark.slow
 def test_quota_queues_fifo_with_the_reason_and_runs_as_far_as_it_allows(
-    server_factory: Any,
+    server_factory: Any, tmp_path: Path
 ) -> None:
     srv = server_factory("--cpus", "2")
-    ids = [srv.submit("--nproc-per-node", "2", *sleeper(s)) for s in (4, 1, 1)]
+    gate = tmp_path / "gate"
+    ids = [srv.submit("--nproc-per-node", "2", *gated(gate))]
+    ids += [srv.submit("--nproc-per-node", "2", *sleeper(1)) for _ in range(2)]
     wait_for(lambda: srv.state(ids[0]) == "RUNNING", 30, "the first job to run")
     second = srv.json("status", ids[1])
     assert second["state"] == "QUEUED"
     assert second["queued_reason"] == "waiting for 2 cpus, 0 free"
     assert "behind" in srv.json("status", ids[2])["queued_reason"]
+    gate.touch()
     for job_id in ids:
         assert srv.wait_state(job_id, "SUCCEEDED", "FAILED", timeout=90) == "SUCCEEDED"
     # Never two at once: each job was admitted after the one before it ended.
@@ -226,9 +234,10 @@ def test_cancel_queued_and_running_then_resume(server_factory: Any) -> None:
 
 
 @pytest.mark.slow
-def test_server_restart_loses_nothing(server_factory: Any, tg: TG) -> None:
+def test_server_restart_loses_nothing(server_factory: Any, tg: TG, tmp_path: Path) -> None:
     srv = server_factory("--cpus", "1")
-    long_job = srv.submit(*sleeper(6))
+    gate = tmp_path / "gate"
+    long_job = srv.submit(*gated(gate))
     queued = srv.submit(*sleeper(0.5))
     srv.wait_state(long_job, "RUNNING")
     master = srv.json("status", long_job)["master_pid"]
@@ -237,6 +246,7 @@ def test_server_restart_loses_nothing(server_factory: Any, tg: TG) -> None:
 
     srv2 = server_factory("--cpus", "1")
     assert srv2.state(queued) == "QUEUED"
+    gate.touch()
     assert srv2.wait_state(long_job, "SUCCEEDED", "FAILED", timeout=60) == "SUCCEEDED"
     assert srv2.wait_state(queued, "SUCCEEDED", "FAILED", timeout=60) == "SUCCEEDED"
 
