@@ -12,13 +12,14 @@ import math
 import re
 from http import HTTPStatus
 
+from trainguard.spec.limits import MAX_SECONDS
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_REPLICA_CHARS = 128
 MAX_PATTERNS = 100
 MAX_PATTERN_CHARS = 1000
 MAX_TEXT_CHARS = 4000
 MAX_STEP = 10**15  # more steps than any run takes: a larger number is garbage
-MAX_SECONDS = 10**7  # a hang_detect scope longer than ~115 days is a typo
 HANG_DETECT_OFF = -1
 """The SDK's `hang_detect(-1)`: detection off in that scope (sdk.HANG_DETECT_OFF)."""
 

@@ -103,8 +103,9 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
     """The evidence of a failed exit, weighed in the order the module docstring gives."""
     notes: list[str] = []
     lines = ev.log_tail
+    child = child_signal(lines)  # what a launcher's summary says its child died of
     if sig is None:  # a launcher that exits 1 may say which signal its child died of
-        sig = _signal_number(child_signal(lines))
+        sig = _signal_number(child)
         if sig is not None:
             notes.append(f"the launcher's summary says the child died of {signal_name(sig)}")
     sig_name = signal_name(sig) if sig is not None else None
@@ -171,7 +172,7 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 + ("" if trained else ", and no training step before it: retried once"),
             ),
         )
-    if sig == signal.SIGKILL and child_signal(lines) == "SIGKILL":
+    if sig == signal.SIGKILL and child == "SIGKILL":
         return Verdict(
             FailureClass.HOST_OOM,
             False,

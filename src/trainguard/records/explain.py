@@ -11,7 +11,7 @@ from trainguard.errors import SpecError
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.logtail import TAIL_BYTES, TAIL_LINES, Tail
+from trainguard.policy.logtail import TAIL_BYTES, Tail
 from trainguard.records.rows import FailureRow
 from trainguard.records.schema import DECISION_EVENT, HANG_CLEARED_EVENT, WARM_START_EVENT
 from trainguard.signals import parse_signal
@@ -125,7 +125,7 @@ def classify_file(
     except OSError as exc:
         raise SpecError([f"{path}: cannot read the log ({exc.strerror})"]) from None
     tail = Tail()  # the bounds of the master's own tail of a replica's output
-    for line in data.decode("utf-8", "replace").splitlines()[-TAIL_LINES:]:
+    for line in data.decode("utf-8", "replace").splitlines():
         tail.append(line)
     ev = ExitEvidence("replica", _returncode(exit_code, sig), log_tail=tail.lines())
     return classify_exit(ev, Rules.default(tuple(keywords)))
