@@ -393,3 +393,62 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
     tail = ("RuntimeError: CUDA error: device-side assert triggered", "Aborted (core dumped)")
     c = classify_exit(ExitEvidence("worker-1", -6, log_tail=tail, peers_finished=True))
     assert not c.retryable and c.rule != "crash-at-exit-SIGABRT"
+
+
+@pytest.mark.parametrize(
+    ("line", "cls", "rule"),
+    [
+        ("salloc: Prolog failure on node k003-006", FailureClass.NODE_LOST, "node-lost"),
+        (
+            "salloc: error: Job allocation 235454 has been revoked",
+            FailureClass.NODE_LOST,
+            "node-lost",
+        ),
+        (
+            "Reason=Node unexpectedly rebooted [slurm@2022-07-23T15:31:00]",
+            FailureClass.NODE_LOST,
+            "node-lost",
+        ),
+        (
+            "WARNING:  allocated node           cu25-0 is in state Down",
+            FailureClass.NODE_LOST,
+            "node-lost",
+        ),
+        ("srun: error: Node failure on gpu-12", FailureClass.NODE_LOST, "node-lost"),
+        ("Spot interruption payload received: {...}", FailureClass.PREEMPTION, "preemption-notice"),
+        (
+            "Instance is going to be interrupted in 2 minutes. Exiting...",
+            FailureClass.PREEMPTION,
+            "preemption-notice",
+        ),
+        (
+            '"StatusReason": "Host EC2 (instance i-08784105f) terminated."',
+            FailureClass.PREEMPTION,
+            "preemption-notice",
+        ),
+        (
+            "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+            FailureClass.RETRYABLE_MESSAGE,
+            "scheduler-unreachable",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+            FailureClass.RETRYABLE_MESSAGE,
+            "scheduler-unreachable",
+        ),
+        (
+            "(1) Resource exhausted: Attempting to allocate 180.59M. That was not possible. "
+            "There are 142.58M free.; (0x3x0_HBM1)",
+            FailureClass.DEVICE_OOM,
+            "cuda-oom",
+        ),
+    ],
+)
+def test_schedulers_and_clouds_spellings_of_node_loss_and_preemption(
+    line: str, cls: FailureClass, rule: str
+) -> None:
+    """Slurm's and the clouds' own words (Prolog failure, revoked allocation, spot notices),
+    and XLA's device OOM: each read by its signature, not as a bare exit 1."""
+    c = _classify(1, log_tail=("step 40 loss 0.3", line))
+    assert (c.failure_class, c.rule) == (cls, rule)
+    assert c.retryable is (cls is not FailureClass.DEVICE_OOM)

@@ -280,6 +280,29 @@ def test_a_timeout_right_after_a_save_is_retried_once() -> None:
     assert solo_work_before_timeout(lines[::2]) is None
 
 
+@pytest.mark.parametrize(
+    "before",
+    [
+        "Epoch 3: 100%|##########| 16/16 [00:25<00:00,  1.48s/it]",  # the epoch's end
+        "     Class     Images     Labels      P      R  mAP@.5 mAP@.5:.95:  96%|####  | 85/89",
+    ],
+)
+def test_a_timeout_right_after_an_epoch_ends_or_validation_runs_is_retried_once(
+    before: str,
+) -> None:
+    """End-of-epoch work (a save, a validation table) that some ranks do alone."""
+    lines = (
+        before,
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=15037, "
+        "OpType=_ALLGATHER_BASE, Timeout(ms)=600000) ran for 600055 milliseconds",
+    )
+    assert solo_work_before_timeout(lines) == before.strip()
+    c = classify_by_rules(ExitEvidence("w", 1, log_tail=lines))
+    assert c.retryable and c.uncertain
+    mid_epoch = ("Epoch 3:  75%|#######   | 12/16 [00:20<00:06,  1.48s/it]", lines[1])
+    assert solo_work_before_timeout(mid_epoch) is None
+
+
 def test_a_stopped_replica_that_was_dying_of_its_own_error_says_so() -> None:
     bug = ("Traceback (most recent call last):", '  File "t.py", line 3', "KeyError: 'lr'")
     c = failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=bug))

@@ -247,7 +247,9 @@ def first_collectives(lines: Sequence[str]) -> bool:
 _TIMEOUT = re.compile(r"collective operation timeout|Timed out waiting \d+ms|timed out", re.I)
 _SOLO_WORK = re.compile(
     r"\bsaving (model )?checkpoint|\bSaving model\b|\bsave_checkpoint\b|torch\.save|"
-    r"Running Evaluation|\bevaluat(e|ing|ion)\b|\bvalidat(e|ing|ion)\b|\bgenerat(e|ing)\b",
+    r"Running Evaluation|\bevaluat(e|ing|ion)\b|\bvalidat(e|ing|ion)\b|\bgenerat(e|ing)\b|"
+    # a validation table's header; an epoch's progress bar just full (its end-of-epoch work)
+    r"\bmAP@|(?<![\d.])100%\|",
     re.IGNORECASE,
 )
 
