@@ -13,9 +13,9 @@ from pathlib import Path
 
 from conftest import alive, child
 
-from trainguard.backends.ray.backend import bundle_of
 from trainguard.backends.ray.host import ENV_FAULTHANDLER_FILE, ReplicaHost
 from trainguard.backends.ray.node_zygote import NodeZygote
+from trainguard.backends.ray.placement import bundle_of
 from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV
 from trainguard.policy.actions import RestartJob
 from trainguard.policy.budgets import Budgets, Failure
