@@ -437,6 +437,49 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "scheduler-unreachable",
         ),
         (
+            "NVRM: RmInitAdapter failed! (0x26:0xffff:1127)",
+            FailureClass.RETRYABLE_MESSAGE,
+            "gpu-xid",
+        ),
+        (
+            '"This step is in Error state with this message: pod deleted during operation"',
+            FailureClass.NODE_LOST,
+            "node-lost",
+        ),
+        (
+            "ORTE has lost communication with a remote daemon.",
+            FailureClass.NODE_LOST,
+            "mpi-daemon-lost",
+        ),
+        (
+            'FailureReason: "CapacityError: Unable to provision requested ML compute capacity."',
+            FailureClass.CAPACITY,
+            "capacity-exhausted",
+        ),
+        (
+            "Failed to initialize TPU system with error: FAILED_PRECONDITION: open(/dev/vfio/0): "
+            "Device or resource busy",
+            FailureClass.CAPACITY,
+            "no-gpu-available",
+        ),
+        (
+            'Failed to pull image "gcr.io/x/y:v1": rpc error: desc = context canceled',
+            FailureClass.RETRYABLE_MESSAGE,
+            "image-pull-timeout",
+        ),
+        (
+            "ClientError: Failed to download data. ListObjectsV2 failed for s3://b: Unable to "
+            "execute request to S3",
+            FailureClass.RETRYABLE_MESSAGE,
+            "storage-io",
+        ),
+        (
+            "ResourceLimitExceeded: An error occurred (ResourceLimitExceeded) when calling the "
+            "CreateTrainingJob operation: The account-level service limit is 0 Instances",
+            FailureClass.USER_ERROR,
+            "account-quota",
+        ),
+        (
             "(1) Resource exhausted: Attempting to allocate 180.59M. That was not possible. "
             "There are 142.58M free.; (0x3x0_HBM1)",
             FailureClass.DEVICE_OOM,
@@ -447,8 +490,9 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
 def test_schedulers_and_clouds_spellings_of_node_loss_and_preemption(
     line: str, cls: FailureClass, rule: str
 ) -> None:
-    """Slurm's and the clouds' own words (Prolog failure, revoked allocation, spot notices),
-    and XLA's device OOM: each read by its signature, not as a bare exit 1."""
+    """Slurm's, Open MPI's, Kubernetes' and the clouds' own words (Prolog failure, revoked
+    allocation, spot notices, a lost daemon, an image pull cut off, a quota of 0), and
+    XLA's device OOM: each read by its signature, not as a bare exit 1."""
     c = _classify(1, log_tail=("step 40 loss 0.3", line))
     assert (c.failure_class, c.rule) == (cls, rule)
-    assert c.retryable is (cls is not FailureClass.DEVICE_OOM)
+    assert c.retryable is (cls not in (FailureClass.DEVICE_OOM, FailureClass.USER_ERROR))
