@@ -496,3 +496,10 @@ def test_schedulers_and_clouds_spellings_of_node_loss_and_preemption(
     c = _classify(1, log_tail=("step 40 loss 0.3", line))
     assert (c.failure_class, c.rule) == (cls, rule)
     assert c.retryable is (cls not in (FailureClass.DEVICE_OOM, FailureClass.USER_ERROR))
+
+
+def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
+    c = _classify(1, log_tail=("ORTE has lost communication with a remote daemon.",))
+    assert c.message.endswith(
+        "Termination reason: ORTE has lost communication with a remote daemon."
+    )

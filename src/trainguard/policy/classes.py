@@ -90,6 +90,7 @@ class Classification:
 
 
 def exit_message(replica: str, code: int, cls: FailureClass, reason: str) -> str:
+    reason = reason.rstrip(".")  # the sentence's own full stop ends it
     if cls is FailureClass.HOST_OOM:
         return (
             f"The replica {replica} ran out of memory and exited with a non-zero status of {code}."
