@@ -487,7 +487,7 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
         ),
     ],
 )
-def test_schedulers_and_clouds_spellings_of_node_loss_and_preemption(
+def test_schedulers_clouds_and_services_own_words_are_read_by_their_signature(
     line: str, cls: FailureClass, rule: str
 ) -> None:
     """Slurm's, Open MPI's, Kubernetes' and the clouds' own words (Prolog failure, revoked
