@@ -187,7 +187,8 @@ class RayBackend:
             del self._runs[la.replica]
         run.done.set()
         lost_on = None if lost is None else f"{lost} (node {label(run.node)})"
-        self._place.stale = self._place.stale or lost is not None
+        if lost is not None:
+            self._place.mark_lost()
         self._emit(
             ReplicaExited.of(
                 la,
@@ -245,12 +246,7 @@ class RayBackend:
         await self.stop(list(self._runs), grace_s=5.0)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
-        ray = self._place.ray
-        if ray is not None:
-            await self._place.release()
-            await self._warm.close(ray)
-            await asyncio.to_thread(ray.shutdown)
-            self._place.ray = None
+        await self._place.shutdown()
 
     # -------------------------------------------------------------- diagnosis
 

@@ -46,8 +46,8 @@ class Placement:
         self.actors: dict[str, Any] = {}
         self.nodes: dict[str, dict[str, str]] = {}  # replica -> where its actor runs
         self._excluded: dict[str, str] = {}  # node id -> why it is kept out
-        self.ray: Any = None
-        self.stale = False  # a node was lost: the next attempt is placed anew
+        self.ray: Any = None  # the connected `ray` module; None until `connect`
+        self._stale = False  # a node was lost: the next attempt is placed anew
 
     def connect(self) -> Any:
         if self.ray is None:
@@ -84,7 +84,7 @@ class Placement:
         if again is not None:
             return again
         await self.release()
-        self.stale = False
+        self._stale = False
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -163,14 +163,29 @@ class Placement:
             return None
         why = f"node {label(node)} was lost under {replica}"
         self._excluded[node["node_id"]] = why
-        self.stale = True
+        self._stale = True
         return why
+
+    def mark_lost(self) -> None:
+        """A replica's node stopped answering: the next attempt is placed anew, not on
+        the same actors (the node itself is kept out only once the loss is classified)."""
+        self._stale = True
+
+    async def shutdown(self) -> None:
+        """Free the placement, the nodes' zygotes and the cluster connection (at close)."""
+        ray = self.ray
+        if ray is None:
+            return
+        await self.release()
+        await self._warm.close(ray)
+        await asyncio.to_thread(ray.shutdown)
+        self.ray = None
 
     async def _same_placement(self) -> tuple[str, int] | None:
         """Rank 0's node and a new port where the last attempt's placement still holds
         (no node lost): the same actors host the restart, with no new placement group and
         no new worker processes, and each node's zygote forks at once."""
-        if self._pg is None or not self.actors or self.stale:
+        if self._pg is None or not self.actors or self._stale:
             return None
         name, first = next(iter(self.actors.items()))
         try:
