@@ -267,6 +267,11 @@ def main() -> None:
         "--ceiling", action="store_true", help="also score answering by the case's category"
     )
     p.add_argument(
+        "--doubtful",
+        action="store_true",
+        help="also score the cases whose thread concluded apart from the doubtful ones",
+    )
+    p.add_argument(
         "--first-contact",
         metavar="PREFIX",
         help="score only the cases whose id starts with PREFIX (a round, e.g. r4) with the "
@@ -290,6 +295,11 @@ def main() -> None:
         for name, sc in ceiling(cases).items():
             if name == "dev" or args.test:
                 print(sc.line(f"{name}, by the category's majority label"))
+    if args.doubtful:
+        for name in ("dev", "test") if args.test else ("dev",):
+            for doubt in (False, True):
+                part = [(k, c) for k, c in parts[name] if k.doubtful == doubt]
+                print(score(part).line(f"{name}, {'doubtful' if doubt else 'concluded'}"))
     print("dev by category:", dict(Counter(k.category for k, _ in parts["dev"])))
     if args.wrong:
         for case, c in parts["dev"]:
