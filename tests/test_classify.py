@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from trainguard.policy.classes import Classification, ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classify import classify_exit
+from trainguard.policy.classify import classify_by_rules, classify_exit
 from trainguard.policy.logtail import last_exception
 
 REPLICA = "worker-1"
@@ -457,6 +457,11 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "capacity-exhausted",
         ),
         (
+            "  - name: 'A resource limit has delayed the operation: generic::resource_exhausted:",
+            FailureClass.CAPACITY,
+            "capacity-exhausted",
+        ),
+        (
             "Failed to initialize TPU system with error: FAILED_PRECONDITION: open(/dev/vfio/0): "
             "Device or resource busy",
             FailureClass.CAPACITY,
@@ -480,6 +485,22 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "account-quota",
         ),
         (
+            "Orphaned CUDA contexts after 100s - container needs restart.",
+            FailureClass.CAPACITY,
+            "no-gpu-available",
+        ),
+        (
+            "E1203 10:00:00.1  42 chttp2_transport.cc:2876] ipv4:10.0.0.7:40382: Keepalive "
+            "watchdog fired. Closing transport.",
+            FailureClass.RETRYABLE_MESSAGE,
+            "network-timeout",
+        ),
+        (
+            "wandb: ERROR Error communicating with backend",
+            FailureClass.RETRYABLE_MESSAGE,
+            "remote-connection-dropped",
+        ),
+        (
             "(1) Resource exhausted: Attempting to allocate 180.59M. That was not possible. "
             "There are 142.58M free.; (0x3x0_HBM1)",
             FailureClass.DEVICE_OOM,
@@ -496,6 +517,22 @@ def test_schedulers_clouds_and_services_own_words_are_read_by_their_signature(
     c = _classify(1, log_tail=("step 40 loss 0.3", line))
     assert (c.failure_class, c.rule) == (cls, rule)
     assert c.retryable is (cls not in (FailureClass.DEVICE_OOM, FailureClass.USER_ERROR))
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        ("RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable", "gpu-busy"),
+        ("No devices were found", "gpu-not-visible"),
+        ("failed call to cuInit: CUDA_ERROR_NO_DEVICE", "gpu-not-visible"),
+    ],
+)
+def test_gpus_taken_or_unseen_are_retried_once_not_surely(line: str, rule: str) -> None:
+    """A GPU held by another process or unseen by the driver is a leftover process or a
+    node fault as often as an exclusive-mode or setup error that recurs: an uncertain
+    retry, which the learned model may overrule."""
+    c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
+    assert (c.rule, c.retryable, c.uncertain) == (rule, True, True)
 
 
 def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
