@@ -457,6 +457,16 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "capacity-exhausted",
         ),
         (
+            "04/18/2016 22:55:25;0008;PBS_Server.1;Job;70;Job deleted at request of root@sched",
+            FailureClass.PREEMPTION,
+            "preemption-notice",
+        ),
+        (
+            "ERROR trainable.py:597 -- Could not upload checkpoint even after 3 retries.",
+            FailureClass.RETRYABLE_MESSAGE,
+            "storage-io",
+        ),
+        (
             "  - name: 'A resource limit has delayed the operation: generic::resource_exhausted:",
             FailureClass.CAPACITY,
             "capacity-exhausted",
