@@ -467,6 +467,17 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "storage-io",
         ),
         (
+            "E0511 18:18:50.796852 915 tpunetd_client.cc:311] Detected failure "
+            "SLICE_FAILURE_CHIP_DRIVER_ERROR in session e6c8; Start failure handling",
+            FailureClass.RETRYABLE_MESSAGE,
+            "tpu-session-failure",
+        ),
+        (
+            "RuntimeError: Maximum wait time reached, but only 1/32 nodes came up. Aborting.",
+            FailureClass.CAPACITY,
+            "capacity-exhausted",
+        ),
+        (
             "  - name: 'A resource limit has delayed the operation: generic::resource_exhausted:",
             FailureClass.CAPACITY,
             "capacity-exhausted",
@@ -543,6 +554,19 @@ def test_gpus_taken_or_unseen_are_retried_once_not_surely(line: str, rule: str) 
     retry, which the learned model may overrule."""
     c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
     assert (c.rule, c.retryable, c.uncertain) == (rule, True, True)
+
+
+def test_a_checkpointer_that_asks_for_an_uninitialised_preemption_service_is_a_bug() -> None:
+    """The word "preemption" in a library's own error is not a notice of one."""
+    c = _classify(
+        1,
+        log_tail=(
+            "step 40 loss 0.3",
+            'RuntimeError("Preemption sync manager has not been initialized. Make sure '
+            'jax.distributed.initialize() is called.")',
+        ),
+    )
+    assert c.failure_class is not FailureClass.PREEMPTION
 
 
 def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
