@@ -569,6 +569,24 @@ def test_a_checkpointer_that_asks_for_an_uninitialised_preemption_service_is_a_b
     assert c.failure_class is not FailureClass.PREEMPTION
 
 
+@pytest.mark.parametrize(
+    ("line", "rule", "uncertain"),
+    [
+        ("NVRM: Xid (PCI:0000:18:00): 31, pid=34292, Ch 00000039, MMU Fault", "gpu-xid-app", True),
+        ("NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception", "gpu-xid-app", True),
+        ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "gpu-xid", False),
+        ("NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error", "gpu-xid", False),
+    ],
+)
+def test_an_xid_that_is_most_often_the_jobs_own_fault_is_retried_once(
+    line: str, rule: str, uncertain: bool
+) -> None:
+    """Xid 13/31/43 are mostly the application's bad memory access (NVIDIA's Xid table);
+    79 (off the bus) and 48 (double-bit ECC) are the GPU's."""
+    c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
+    assert (c.rule, c.retryable, c.uncertain) == (rule, True, uncertain)
+
+
 def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
     c = _classify(1, log_tail=("ORTE has lost communication with a remote daemon.",))
     assert c.message.endswith(
