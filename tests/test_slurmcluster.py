@@ -125,17 +125,18 @@ def test_a_node_that_dies_goes_down_and_comes_back(slurm: SlurmCluster) -> None:
     # declares it DOWN (within 0.1 s), with exit status 0 (!), stdout empty, and stderr
     #   srun: error: Node failure on tg-host-2
     #   srun: error: Node failure on tg-host-2
-    # (in one full-suite run only once) and sometimes (1 run in ~10) a last line:
+    # (in one full-suite run only once), and sometimes (1 run in ~10) a line
     #   srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
-    # (With -N2 and one node dying, srun instead exits 143: its task on the live node is
-    # cancelled "DUE TO NODE FAILURE" and reported "Terminated".)
+    # last, or, cut to "srun: Job step aborted", between the two (once, in a fresh-clone CI
+    # run). (With -N2 and one node dying, srun instead exits 143: its task on the live node
+    # is cancelled "DUE TO NODE FAILURE" and reported "Terminated".)
     assert slurm.node_state(2) == "DOWN+NOT_RESPONDING"
     assert (step.returncode, out) == (0, "")
     lines = err.splitlines()
     failure = "srun: error: Node failure on tg-host-2"
-    aborted = "srun: Job step aborted: Waiting up to 4 seconds for job step to finish."
-    n = len(lines) - (lines[-1:] == [aborted])  # the failure lines, before any aborted one
-    assert n in (1, 2) and lines[:n] == [failure] * n, err
+    aborted = [x for x in lines if x.startswith("srun: Job step aborted")]
+    assert 1 <= lines.count(failure) <= 2 and len(aborted) <= 1, err
+    assert len(lines) == lines.count(failure) + len(aborted), err  # nothing else
     assert silent < 10 and down < 20 and returned < down + 5, (silent, down, returned)
     print(f"not responding after {silent:.1f}s, down after {down:.1f}s, srun {returned:.1f}s")
 
