@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import random
 import socket
 
+QUIET_PORTS = (20000, 32767)
+"""Where a port for a replica to bind is drawn: below Linux's ephemeral range (32768-60999
+by default), which the kernel hands to every outgoing connection and every bind to port 0
+(srun's and gloo's among them), so a port it picked can be taken again before the replica
+binds it (seen in CI: a rendezvous port lost to EADDRINUSE on a Slurm node)."""
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it; a race is possible but rare)."""
+
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port free at `host` now, from QUIET_PORTS where one is (else the kernel's pick).
+    Raises OSError where `host` is not an address of this machine."""
+    for _ in range(tries):
+        port = random.randint(*QUIET_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                raise
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

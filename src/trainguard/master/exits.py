@@ -11,6 +11,7 @@ from trainguard.backends.api import (
 )
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
+from trainguard.master.events import ReplicaSlot
 from trainguard.policy.actions import (
     Decision,
     FailJob,
@@ -20,7 +21,7 @@ from trainguard.policy.actions import (
     describe,
 )
 from trainguard.policy.budgets import Failure
-from trainguard.policy.classes import ExitKind
+from trainguard.policy.classes import ExitEvidence, ExitKind
 from trainguard.policy.classify import (
     classify_exit,
     failed_before_stop,
@@ -41,11 +42,7 @@ class Exits(MasterCore):
         rep = self._current(ev.attempt, ev.replica, ev.restart)
         if rep is not None:
             self.output_progress.flush()  # its last step, before what its exit costs
-        evidence = ev.evidence
-        if rep is not None and evidence.progressed is None and self._trained(rep, ev.time_s):
-            evidence = replace(evidence, progressed=True)
-        if rep is not None and self._peers_finished(ev.replica):
-            evidence = replace(evidence, peers_finished=True)
+        evidence = ev.evidence if rep is None else self._annotated(rep, ev)
         rules = self.rules() if rep is not None else None
         c = classify_exit(evidence, rules)
         if rep is not None:
@@ -143,6 +140,21 @@ class Exits(MasterCore):
         if c.rule != failure.classification.rule:
             again = replace(failure, classification=c)
             self._attempt_failures = [again if f is failure else f for f in self._attempt_failures]
+
+    def _annotated(self, rep: ReplicaSlot, ev: ReplicaExited) -> ExitEvidence:
+        """The backend's evidence, with what only the master knows about the attempt."""
+        evidence = replace(ev.evidence, own_ports=self._own_ports())
+        if evidence.progressed is None and self._trained(rep, ev.time_s):
+            evidence = replace(evidence, progressed=True)
+        if self._peers_finished(ev.replica):
+            evidence = replace(evidence, peers_finished=True)
+        return evidence
+
+    def _own_ports(self) -> tuple[int, ...]:
+        """The ports trainguard chose for this attempt: the rendezvous and the tasks' own."""
+        tails = (a.rpartition(":")[2] for a in self.launches.tasks.values())
+        ports = {self._rendezvous[1], *(int(t) for t in tails if t.isdigit())}
+        return tuple(sorted(p for p in ports if p > 0))
 
     def _peers_finished(self, replica: str) -> bool:
         """Every other replica of the attempt exited 0 (there is at least one)."""

@@ -59,6 +59,7 @@ class ExitEvidence:
     node_lost: str | None = None  # the node under it died: what the backend was told
     progressed: bool | None = None  # it showed training progress (None: the log must tell)
     peers_finished: bool = False  # every other replica of its attempt had exited 0 before it
+    own_ports: tuple[int, ...] = ()  # the ports trainguard chose for its attempt (rendezvous)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 3. a SIGKILL while the cgroup's OOM-kill counter rose: host OOM;
 4. the catalogue (signatures.yaml), first on the exception that closes the last
    traceback, then on the lines from that traceback on (the whole tail if none),
-   newest first. A death by signal is not explained by a bug the log mentions;
+   newest first. A death by signal is not explained by a bug the log mentions; a port in
+   use that trainguard chose for the attempt is a race, retried (`own_ports`);
 5. the exit code: SIGSEGV/SIGABRT are transient (surely so at exit, once every other
    replica exited 0), SIGKILL/SIGTERM from outside are
    preemption, anything else is a user error (a traceback names it);

@@ -129,7 +129,7 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 matched,
                 tuple(notes),
             )
-            return _in_context(v, lines, phase)
+            return _port_race(v, lines, ev.own_ports) or _in_context(v, lines, phase)
         notes.append(f"{matched.id} on {short_line(line, 80)!r} does not explain a death by signal")
     if sig is not None and sig in TRANSIENT_SIGNALS:
         cause = crash_cause(lines)
@@ -261,6 +261,29 @@ def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
         cls = FailureClass(u.failure_class)
         return _reread(v, cls, u.retryable, f"{m.id}-untrained", u.confidence, note)
     return v
+
+
+def _port_race(v: Verdict, lines: tuple[str, ...], ours: tuple[int, ...]) -> Verdict | None:
+    """A port in use that trainguard chose itself for this attempt: another process took it
+    between the choice and the bind (the OS hands the same ports out to anyone). The next
+    attempt gets a fresh port; a port the job fixed itself stays a set-up error."""
+    if v.rule != "port-in-use" or not ours:
+        return None
+    for line in reversed(lines):
+        text = clean(line)
+        for port in ours:
+            if re.search(rf"(?<![\d.]){port}(?!\d)", text) and _BINDING.search(text):
+                note = (
+                    f"port {port} is one trainguard chose for this attempt: another process "
+                    "took it before the replica bound it; the next attempt draws a fresh one"
+                )
+                again = _reread(v, FailureClass.TRANSIENT_EXIT, True, "port-race", 0.75, note)
+                reason = f"the port trainguard chose ({port}) was taken before it was bound"
+                return replace(again, reason=reason)
+    return None
+
+
+_BINDING = re.compile(r"port|address|bind|listen", re.IGNORECASE)
 
 
 def _shell_killed(lines: tuple[str, ...]) -> bool:

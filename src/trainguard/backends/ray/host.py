@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backends.guardian import Guardian
+from trainguard.backends.net import free_port
 from trainguard.backends.storage_check import storage_problem
 
 ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
@@ -83,9 +84,7 @@ class ReplicaHost:
         }
 
     def free_port(self) -> int:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return int(s.getsockname()[1])
+        return free_port("")
 
     def start(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str, zygote: Any = None

@@ -36,16 +36,13 @@ from trainguard.backends.api import (
     ReplicaStarted,
 )
 from trainguard.backends.local.backend import LocalBackend
-from trainguard.backends.net import free_port
+from trainguard.backends.net import QUIET_PORTS, free_port
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.cluster import Allocation, Node, SlurmError
 from trainguard.backends.slurm.placement import place, srun_argv
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
 from trainguard.spec.engines import SlurmOptions
-
-_PORTS = (20000, 60000)
-"""A rendezvous port on another node is drawn from this range (nothing here can test it)."""
 
 
 class SlurmBackend:
@@ -363,7 +360,8 @@ def _address_towards(addr: str) -> str:
 
 
 def _port_at(addr: str) -> int:
-    """A free port where `addr` is this host's; a random high one on another node."""
+    """A free port where `addr` is this host's; on another node, one drawn from the same
+    range (nothing here can test it there)."""
     with contextlib.suppress(OSError):
         return free_port(addr)
-    return random.randint(*_PORTS)
+    return random.randint(*QUIET_PORTS)
