@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -270,31 +271,35 @@ def _strongest(v: dict[str, float], k: int) -> list[tuple[str, float]]:
 def _descend(
     rows: list[dict[str, float]], ys: list[float], sw: list[float], c: float, iterations: int
 ) -> tuple[dict[str, float], float]:
-    """Minimise 0.5|w|^2 + c * sum(sw * logloss) with Nesterov momentum (fixed steps)."""
+    """Minimise 0.5|w|^2 + c * sum(sw * logloss) with Nesterov momentum (fixed steps).
+
+    On lists indexed by feature rather than dicts (the corpus test trains six models), with
+    the same operations in the same order: the same weights to the last bit."""
     feats = sorted({f for r in rows for f in r})
-    w = dict.fromkeys(feats, 0.0)
+    index = {f: i for i, f in enumerate(feats)}
+    sparse = [([index[f] for f in r], list(r.values())) for r in rows]
+    w = [0.0] * len(feats)
+    vw = [0.0] * len(feats)
     b = 0.0
-    vw = dict.fromkeys(feats, 0.0)
     vb = 0.0
     lr = 1.0 / _smoothness(rows, sw, c)
     mu = 0.9
     for _ in range(iterations):
-        lw = {f: w[f] + mu * vw[f] for f in feats}
+        lw = [wf + mu * vf for wf, vf in zip(w, vw, strict=True)]
         lb = b + mu * vb
-        g = {f: lw[f] for f in feats}
+        g = lw[:]
         gb = 0.0
-        for r, y, s in zip(rows, ys, sw, strict=True):
-            p = _sigmoid(lb + sum(lw[f] * v for f, v in r.items()))
+        for (idx, vals), y, s in zip(sparse, ys, sw, strict=True):
+            p = _sigmoid(lb + sum(map(operator.mul, map(lw.__getitem__, idx), vals)))
             d = c * s * (p - y)
             gb += d
-            for f, v in r.items():
-                g[f] += d * v
-        for f in feats:
-            vw[f] = mu * vw[f] - lr * g[f]
-            w[f] += vw[f]
+            for i, v in zip(idx, vals, strict=True):
+                g[i] += d * v
+        vw = [mu * vf - lr * gf for vf, gf in zip(vw, g, strict=True)]
+        w = [wf + vf for wf, vf in zip(w, vw, strict=True)]
         vb = mu * vb - lr * gb
         b += vb
-    return w, b
+    return dict(zip(feats, w, strict=True)), b
 
 
 def _smoothness(rows: list[dict[str, float]], sw: list[float], c: float) -> float:
