@@ -269,17 +269,19 @@ def _port_race(v: Verdict, lines: tuple[str, ...], ours: tuple[int, ...]) -> Ver
     attempt gets a fresh port; a port the job fixed itself stays a set-up error."""
     if v.rule != "port-in-use" or not ours:
         return None
+    named = re.compile(rf"(?<![\d.])({'|'.join(map(str, ours))})(?!\d)")
     for line in reversed(lines):
         text = clean(line)
-        for port in ours:
-            if re.search(rf"(?<![\d.]){port}(?!\d)", text) and _BINDING.search(text):
-                note = (
-                    f"port {port} is one trainguard chose for this attempt: another process "
-                    "took it before the replica bound it; the next attempt draws a fresh one"
-                )
-                again = _reread(v, FailureClass.TRANSIENT_EXIT, True, "port-race", 0.75, note)
-                reason = f"the port trainguard chose ({port}) was taken before it was bound"
-                return replace(again, reason=reason)
+        found = named.search(text)
+        if found and _BINDING.search(text):
+            port = found.group(1)
+            note = (
+                f"port {port} is one trainguard chose for this attempt: another process "
+                "took it before the replica bound it; the next attempt draws a fresh one"
+            )
+            again = _reread(v, FailureClass.TRANSIENT_EXIT, True, "port-race", 0.75, note)
+            reason = f"the port trainguard chose ({port}) was taken before it was bound"
+            return replace(again, reason=reason)
     return None
 
 

@@ -1,0 +1,136 @@
+"""The last exception of a log tail (logtail.last_exception): the line a Python
+traceback ends with, through chained, caused and grouped exceptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.policy.logtail import last_exception
+
+CHAINED = (
+    "Traceback (most recent call last):",
+    '  File "a.py", line 3, in <module>',
+    "KeyError: 'x'",
+    "",
+    "During handling of the above exception, another exception occurred:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "a.py", line 5, in <module>',
+    "ValueError: bad value",
+)
+
+CAUSED = (
+    "Traceback (most recent call last):",
+    '  File "a.py", line 3, in <module>',
+    "OSError: [Errno 2] No such file or directory: 'data.bin'",
+    "",
+    "The above exception was the direct cause of the following exception:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "a.py", line 5, in <module>',
+    "RuntimeError: cannot load the dataset",
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            (
+                "step 10 loss 0.5",
+                "Traceback (most recent call last):",
+                '  File "/app/train.py", line 8, in main',
+                "    batch = cfg['x']",
+                "            ~~~^^^^^",
+                "KeyError: 'x'",
+            ),
+            "KeyError: 'x'",
+        ),
+        (CHAINED, "ValueError: bad value"),
+        (CAUSED, "RuntimeError: cannot load the dataset"),
+        (
+            (
+                "Traceback (most recent call last):",
+                '  File "train.py", line 40, in step',
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            ),
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
+        (
+            (
+                "Traceback (most recent call last):",
+                "torch.distributed.DistBackendError: NCCL error in: ...",
+            ),
+            "torch.distributed.DistBackendError: NCCL error in: ...",
+        ),
+        (
+            ("Traceback (most recent call last):", '  File "a.py", line 1', "KeyboardInterrupt"),
+            "KeyboardInterrupt",
+        ),
+        (
+            ("Traceback (most recent call last):", '  File "a.py", line 1', "SystemExit: 3"),
+            "SystemExit: 3",
+        ),
+        (
+            ("Traceback (most recent call last):", "__main__.ConfigError: missing lr"),
+            "__main__.ConfigError: missing lr",
+        ),
+        # Two separate tracebacks: the last one wins.
+        (
+            (
+                "Traceback (most recent call last):",
+                "KeyError: 'first'",
+                "retrying",
+                "Traceback (most recent call last):",
+                "IndexError: list index out of range",
+            ),
+            "IndexError: list index out of range",
+        ),
+        # Leading whitespace (indented logs) is tolerated.
+        (("  Traceback (most recent call last):", "    KeyError: 'x'"), "KeyError: 'x'"),
+        # Exception-looking lines with no Traceback header before them are ignored.
+        (("ValueError: printed by the program", "RuntimeError: also printed"), None),
+        (("RuntimeError: before the traceback", "Traceback (most recent call last):"), None),
+        # A new traceback whose exception line has not arrived yet forgets the older one.
+        (
+            (
+                "Traceback (most recent call last):",
+                "KeyError: 'x'",
+                "Traceback (most recent call last):",
+                '  File "a.py", line 1',
+            ),
+            None,
+        ),
+        # Source lines inside a traceback are not exception lines.
+        (
+            (
+                "Traceback (most recent call last):",
+                '  File "a.py", line 1, in <module>',
+                "    raise ValueError('bad')",
+            ),
+            None,
+        ),
+        ((), None),
+    ],
+)
+def test_last_exception(lines: tuple[str, ...], expected: str | None) -> None:
+    assert last_exception(lines) == expected
+
+
+def test_last_exception_bare_exception_class() -> None:
+    lines = ("Traceback (most recent call last):", '  File "a.py", line 1', "Exception: boom")
+    assert last_exception(lines) == "Exception: boom"
+
+
+def test_last_exception_inside_an_exception_group() -> None:
+    lines = (
+        "  + Exception Group Traceback (most recent call last):",
+        '  |   File "a.py", line 3, in <module>',
+        "  | ExceptionGroup: many (1 sub-exception)",
+        "  +-+---------------- 1 ----------------",
+        "    | Traceback (most recent call last):",
+        '    |   File "a.py", line 2, in f',
+        "    | ValueError: bad shape",
+        "    +------------------------------------",
+    )
+    assert last_exception(lines) == "ValueError: bad shape"
