@@ -11,6 +11,7 @@ tuned by reading development cases only:
     .venv/bin/python tests/corpus_real_eval.py --test     # the test part's numbers too
     .venv/bin/python tests/corpus_real_eval.py --train    # retrain the shipped model
     .venv/bin/python tests/corpus_real_eval.py --test --ceiling   # ... and by category alone
+    .venv/bin/python tests/corpus_real_eval.py --test --expert    # ... and a log-only expert
 
 The classifier is the rules plus a learned model (trainguard.policy.learned) trained on
 the development part only. Its development number is cross-validated: each case is judged
@@ -256,6 +257,40 @@ def ceiling(cases: list[Case]) -> dict[str, Score]:
     return {name: score(results) for name, results in parts.items()}
 
 
+EXPERT = CORPUS / "expert" / "answers.yaml"
+
+
+def expert(cases: list[Case]) -> dict[str, tuple[Score, Score, Score, Score]]:
+    """Per part: an expert reading only the log and exit code (tests/corpus_real/expert/),
+    the classifier on the same cases, and the expert's sure and unsure answers apart."""
+    answers = {str(a["id"]): a for a in yaml.safe_load(EXPERT.read_text())}
+    judged = {k.id: c for part in evaluate(cases).values() for k, c in part}
+    out: dict[str, tuple[Score, Score, Score, Score]] = {}
+    for name in ("dev", "test"):
+        mine = [k for k in cases if k.split == name and k.id in answers]
+
+        def said(k: Case) -> Classification:
+            retry = bool(answers[k.id]["retryable"])
+            return Classification(ExitKind.NONZERO, None, retry, "expert", 1, None, "", "")
+
+        out[name] = (
+            score([(k, said(k)) for k in mine]),
+            score([(k, judged[k.id]) for k in mine]),
+            score([(k, said(k)) for k in mine if answers[k.id]["sure"]]),
+            score([(k, said(k)) for k in mine if not answers[k.id]["sure"]]),
+        )
+    return out
+
+
+def print_expert(cases: list[Case], test: bool) -> None:
+    for name, (said, ours, sure, unsure) in expert(cases).items():
+        if name == "dev" or test:
+            print(said.line(f"{name}, an expert reading only the log"))
+            print(ours.line(f"{name}, the classifier on the same cases"))
+            print(sure.line(f"{name}, the expert's sure answers"))
+            print(unsure.line(f"{name}, the expert's unsure answers"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="score the classifier on the real corpus")
     p.add_argument("--wrong", action="store_true", help="list the development part's misses")
@@ -265,6 +300,9 @@ def main() -> None:
     p.add_argument("--train", action="store_true", help="retrain the shipped model and exit")
     p.add_argument(
         "--ceiling", action="store_true", help="also score answering by the case's category"
+    )
+    p.add_argument(
+        "--expert", action="store_true", help="also score an expert reading only the log"
     )
     p.add_argument(
         "--doubtful",
@@ -292,9 +330,11 @@ def main() -> None:
     for name in ("dev", "test") if args.test else ("dev",):
         print(score(parts[name]).line(name + (" (rules alone)" if args.rules else "")))
     if args.ceiling:
-        for name, sc in ceiling(cases).items():
-            if name == "dev" or args.test:
-                print(sc.line(f"{name}, by the category's majority label"))
+        shown = ceiling(cases).items()
+        for name, sc in (x for x in shown if x[0] == "dev" or args.test):
+            print(sc.line(f"{name}, by the category's majority label"))
+    if args.expert:
+        print_expert(cases, args.test)
     if args.doubtful:
         for name in ("dev", "test") if args.test else ("dev",):
             for doubt in (False, True):

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from corpus_real_eval import Case, evaluate, load, score
+import yaml
+from corpus_real_eval import EXPERT, Case, evaluate, load, score
 
 from trainguard.policy.classes import Classification
 
@@ -98,3 +99,18 @@ def test_the_rules_alone_hold_their_own_floor(rules_parts: Parts, part: str) -> 
     assert s.accuracy >= floor["accuracy"]
     assert s.wasted <= floor["wasted"]
     assert s.missed <= floor["missed"]
+
+
+def test_the_expert_answers_name_concluded_cases_of_the_corpus(cases: list[Case]) -> None:
+    """The log-only expert's answers (--expert) cover concluded cases, once each."""
+    answers = yaml.safe_load(EXPERT.read_text())
+    by_id = {c.id: c for c in cases}
+    ids = [str(a["id"]) for a in answers]
+    assert len(ids) == len(set(ids)) >= 400
+    for a in answers:
+        case = by_id[str(a["id"])]
+        assert not case.doubtful, case.id
+        assert isinstance(a["retryable"], bool) and isinstance(a["sure"], bool), case.id
+        assert case.split == "dev" or "why" not in a, (
+            f"{case.id}: a test case's reasons are kept out"
+        )
