@@ -232,6 +232,11 @@ def evaluate(
     return parts
 
 
+def answered(retry: bool, by: str) -> Classification:
+    """A bare retry decision that someone or something other than the classifier gave."""
+    return Classification(ExitKind.NONZERO, None, retry, by, 1, None, "", "")
+
+
 def by_category(cases: list[Case]) -> dict[str, bool]:
     """Each category's majority label on the development part: what an expert who filed
     the log's family exactly, and knew nothing else, would best answer."""
@@ -252,43 +257,43 @@ def ceiling(cases: list[Case]) -> dict[str, Score]:
     parts: dict[str, list[tuple[Case, Classification]]] = {"dev": [], "test": []}
     for case in cases:
         retry = majority.get(case.category, False)
-        c = Classification(ExitKind.NONZERO, None, retry, "category", 1, None, "", "")
-        parts[case.split].append((case, c))
+        parts[case.split].append((case, answered(retry, "category")))
     return {name: score(results) for name, results in parts.items()}
 
 
 EXPERT = CORPUS / "expert" / "answers.yaml"
 
 
-def expert(cases: list[Case]) -> dict[str, tuple[Score, Score, Score, Score]]:
+def expert(
+    parts: dict[str, list[tuple[Case, Classification]]],
+) -> dict[str, tuple[Score, Score, Score, Score]]:
     """Per part: an expert reading only the log and exit code (tests/corpus_real/expert/),
-    the classifier on the same cases, and the expert's sure and unsure answers apart."""
+    the classifier's judgements (`parts`, from `evaluate`) on the same cases, and the
+    expert's sure and unsure answers apart."""
     answers = {str(a["id"]): a for a in yaml.safe_load(EXPERT.read_text())}
-    judged = {k.id: c for part in evaluate(cases).values() for k, c in part}
     out: dict[str, tuple[Score, Score, Score, Score]] = {}
-    for name in ("dev", "test"):
-        mine = [k for k in cases if k.split == name and k.id in answers]
-
-        def said(k: Case) -> Classification:
-            retry = bool(answers[k.id]["retryable"])
-            return Classification(ExitKind.NONZERO, None, retry, "expert", 1, None, "", "")
-
+    for name, judged in parts.items():
+        ours = [(k, c) for k, c in judged if k.id in answers]
+        said = [(k, answered(bool(answers[k.id]["retryable"]), "expert")) for k, _ in ours]
         out[name] = (
-            score([(k, said(k)) for k in mine]),
-            score([(k, judged[k.id]) for k in mine]),
-            score([(k, said(k)) for k in mine if answers[k.id]["sure"]]),
-            score([(k, said(k)) for k in mine if not answers[k.id]["sure"]]),
+            score(said),
+            score(ours),
+            score([(k, c) for k, c in said if answers[k.id]["sure"]]),
+            score([(k, c) for k, c in said if not answers[k.id]["sure"]]),
         )
     return out
 
 
-def print_expert(cases: list[Case], test: bool) -> None:
-    for name, (said, ours, sure, unsure) in expert(cases).items():
-        if name == "dev" or test:
-            print(said.line(f"{name}, an expert reading only the log"))
-            print(ours.line(f"{name}, the classifier on the same cases"))
-            print(sure.line(f"{name}, the expert's sure answers"))
-            print(unsure.line(f"{name}, the expert's unsure answers"))
+def print_expert(
+    parts: dict[str, list[tuple[Case, Classification]]], names: tuple[str, ...]
+) -> None:
+    scores = expert(parts)
+    for name in names:
+        said, ours, sure, unsure = scores[name]
+        print(said.line(f"{name}, an expert reading only the log"))
+        print(ours.line(f"{name}, the classifier on the same cases"))
+        print(sure.line(f"{name}, the expert's sure answers"))
+        print(unsure.line(f"{name}, the expert's unsure answers"))
 
 
 def main() -> None:
@@ -327,16 +332,17 @@ def main() -> None:
         return
     parts = evaluate(cases, rules_only=args.rules)
     print(f"{len(cases)} cases, {sum(c.retryable for c in cases)} retryable")
-    for name in ("dev", "test") if args.test else ("dev",):
+    names = ("dev", "test") if args.test else ("dev",)
+    for name in names:
         print(score(parts[name]).line(name + (" (rules alone)" if args.rules else "")))
     if args.ceiling:
-        shown = ceiling(cases).items()
-        for name, sc in (x for x in shown if x[0] == "dev" or args.test):
-            print(sc.line(f"{name}, by the category's majority label"))
+        by_family = ceiling(cases)
+        for name in names:
+            print(by_family[name].line(f"{name}, by the category's majority label"))
     if args.expert:
-        print_expert(cases, args.test)
+        print_expert(parts, names)
     if args.doubtful:
-        for name in ("dev", "test") if args.test else ("dev",):
+        for name in names:
             for doubt in (False, True):
                 part = [(k, c) for k, c in parts[name] if k.doubtful == doubt]
                 print(score(part).line(f"{name}, {'doubtful' if doubt else 'concluded'}"))
