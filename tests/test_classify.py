@@ -9,6 +9,7 @@ import pytest
 
 from trainguard.policy.classes import Classification, ExitEvidence, ExitKind, FailureClass
 from trainguard.policy.classify import classify_by_rules, classify_exit
+from trainguard.policy.learned import SURE
 
 REPLICA = "worker-1"
 
@@ -400,6 +401,11 @@ def test_peers_that_finished_do_not_excuse_a_crash_with_a_cause() -> None:
             "remote-connection-dropped",
         ),
         (
+            "urllib3.exceptions.ResponseError: too many 500 error responses",
+            FailureClass.RETRYABLE_MESSAGE,
+            "remote-5xx",
+        ),
+        (
             "(1) Resource exhausted: Attempting to allocate 180.59M. That was not possible. "
             "There are 142.58M free.; (0x3x0_HBM1)",
             FailureClass.DEVICE_OOM,
@@ -463,6 +469,99 @@ def test_an_xid_that_is_most_often_the_jobs_own_fault_is_retried_once(
     79 (off the bus) and 48 (double-bit ECC) are the GPU's."""
     c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
     assert (c.rule, c.retryable, c.uncertain) == (rule, True, uncertain)
+
+
+@pytest.mark.parametrize(
+    ("line", "cls", "rule"),
+    [
+        (
+            "I0629 20:17:54.098071 140019624834816 error_handling.py:70] Error recorded from "
+            "outfeed: Bad hardware status: 0x1",
+            FailureClass.RETRYABLE_MESSAGE,
+            "tpu-session-failure",
+        ),
+        (
+            "E tensorflow/stream_executor/cuda/cuda_driver.cc:1002] failed to allocate 190.31M "
+            "(199557120 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY",
+            FailureClass.CAPACITY,
+            "gpu-memory-grab-failed",
+        ),
+        (
+            "CUDA driver initialization failed, you might not have a CUDA gpu.",
+            FailureClass.RETRYABLE_MESSAGE,
+            "cuda-driver-lost",
+        ),
+        (
+            "INFO:tensorflow:An error was raised. This may be due to a preemption in a connected "
+            "worker or parameter server. The current session will be closed and a new session "
+            "will be created.",
+            FailureClass.PREEMPTION,
+            "preemption-maybe",
+        ),
+        (
+            "requests.exceptions.ConnectionError: HTTPConnectionPool(host='0.0.0.0', port=8000): "
+            "Max retries exceeded with url: /health/ (Caused by NewConnectionError(...))",
+            FailureClass.USER_ERROR,
+            "local-service-down",
+        ),
+        (
+            "botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "
+            '"http://localhost:9000/bucket/custom_files/reward_function.py"',
+            FailureClass.USER_ERROR,
+            "local-service-down",
+        ),
+    ],
+)
+def test_what_a_line_says_of_its_own_certainty_is_kept(
+    line: str, cls: FailureClass, rule: str
+) -> None:
+    """Lines from real logs of the corpus' development part, read by the rules alone: a TPU's
+    hardware status, TensorFlow failing to reserve a GPU another
+    process holds, a CUDA driver gone mid-run, TensorFlow's own hedge ("may be due to a
+    preemption"), a service on this machine that is not listening. None of them is sure:
+    each is a reading the learned model may still overrule."""
+    c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
+    assert (c.failure_class, c.rule) == (cls, rule)
+    assert c.confidence < SURE
+
+
+def test_a_cuda_driver_missing_before_any_step_is_the_machines_set_up() -> None:
+    line = "CUDA driver initialization failed, you might not have a CUDA gpu."
+    c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=(line,)))
+    assert (c.rule, c.retryable) == ("cuda-driver-lost-untrained", False)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # a remote service: the network or the service, not this machine's set-up
+        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
+        "port=443): Max retries exceeded with url: /api (Caused by NewConnectionError(...))",
+        # the rendezvous store on this machine: a rank that dialled before rank 0 listened
+        "torch.distributed.DistNetworkError: The client socket has failed to connect to "
+        "[localhost]:29500 (errno: 111 - Connection refused).",
+    ],
+)
+def test_only_a_local_http_service_that_refuses_is_a_set_up_error(line: str) -> None:
+    c = classify_by_rules(ExitEvidence(REPLICA, 1, log_tail=("step 40 loss 0.3", line)))
+    assert c.rule != "local-service-down"
+
+
+def test_a_preemption_word_inside_an_identifier_is_not_a_notice() -> None:
+    """orbax's `reached_preemption_sync_point(step)` in a traceback names a function."""
+    c = classify_by_rules(
+        ExitEvidence(
+            REPLICA,
+            1,
+            log_tail=(
+                "step 40 loss 0.3",
+                '  File "multihost.py", line 401, in reached_preemption',
+                "    multihost_utils.reached_preemption_sync_point(step)",
+                "ValueError: bad step",
+            ),
+        )
+    )
+    assert (c.failure_class, c.retryable) == (FailureClass.USER_ERROR, False)
 
 
 def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
