@@ -327,3 +327,37 @@ def test_older_pytorch_oom_numbers_count_allocated_and_cached_as_its_own() -> No
     # large and free: fragmentation or one huge request, the job's own doing
     free = elsewhere.replace("53.75 MiB free", "12.00 GiB free")
     assert gpu_held_elsewhere([free]) is None
+
+
+SRUN_TEARDOWN = (
+    "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+    "srun: error: cdr2596: task 1: Exited with exit code 1",
+    "srun: Terminating StepId=21941655.1",
+    "slurmstepd: error: *** STEP 21941655.1 ON cdr2596 CANCELLED AT 2024-01-05T14:27:50 ***",
+    "WARNING:torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting "
+    "down workers",
+)
+
+
+def test_a_sigterm_from_sruns_teardown_is_not_a_preemption() -> None:
+    """srun ends a step's other tasks when one exits 1; their launcher's 'Received 15 death
+    signal' is that teardown (pytorch/pytorch#116974), and the cause is what came before."""
+    c = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=SRUN_TEARDOWN))
+    assert c.failure_class is not FailureClass.PREEMPTION
+    assert c.rule.startswith("rendezvous-failure")
+    assert any("srun tore the step down" in n for n in c.notes)
+
+
+def test_a_preemption_that_slurm_announces_stays_one_though_tasks_exit_1_after() -> None:
+    """submitit's notice and Slurm's requeue come first; the tasks' exit 1 follows."""
+    lines = (
+        "submitit WARNING (2022-08-12 02:06:11,453) - Caught signal SIGUSR2 on n1: this job is "
+        "preempted.",
+        "slurmstepd: error: *** STEP 608.0 ON n1 CANCELLED AT 2022-08-12T02:06:12 DUE TO JOB "
+        "REQUEUE ***",
+        "srun: error: n1: tasks 2-3: Exited with exit code 1",
+    )
+    c = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=lines))
+    assert (c.failure_class, c.retryable) == (FailureClass.PREEMPTION, True)
+    bare = classify_by_rules(ExitEvidence("worker-0", 1, log_tail=SRUN_TEARDOWN[1:]))
+    assert bare.failure_class is not FailureClass.PREEMPTION  # a failed task, cause unknown

@@ -129,7 +129,11 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 matched,
                 tuple(notes),
             )
-            return _port_race(v, lines, ev.own_ports) or _in_context(v, lines, phase)
+            return (
+                _port_race(v, lines, ev.own_ports)
+                or _slurm_teardown(v, ev, rules, phase)
+                or _in_context(v, lines, phase)
+            )
         notes.append(f"{matched.id} on {short_line(line, 80)!r} does not explain a death by signal")
     if sig is not None and sig in TRANSIENT_SIGNALS:
         cause = crash_cause(lines)
@@ -286,6 +290,30 @@ def _port_race(v: Verdict, lines: tuple[str, ...], ours: tuple[int, ...]) -> Ver
 
 
 _BINDING = re.compile(r"port|address|bind|listen", re.IGNORECASE)
+
+_SRUN_TEARDOWN = re.compile(
+    r"srun: (Terminating (StepId|job step)|error: .*: tasks? [\d,-]+: Exited with exit code [1-9])"
+)
+
+
+def _slurm_teardown(v: Verdict, ev: ExitEvidence, rules: Rules, phase: Phase) -> Verdict | None:
+    """A SIGTERM that srun sent while it tore a step down after one of its tasks failed is
+    srun's doing, not a preemption: the failure is what the log said before the teardown.
+    Slurm's own preemption or time limit says so (`DUE TO ...`) and is kept."""
+    if v.cls is not FailureClass.PREEMPTION or v.line is None or "DUE TO" in v.line:
+        return None
+    cleaned = [clean(x) for x in ev.log_tail]
+    said = max((i for i, x in enumerate(cleaned) if x == v.line), default=-1)
+    down = next((i for i, x in enumerate(cleaned[:said]) if _SRUN_TEARDOWN.search(x)), None)
+    if down is None:
+        return None
+    before = replace(ev, log_tail=ev.log_tail[:down])
+    cause = weigh(before, None, rules, phase)
+    note = (
+        f"{short_line(v.line, 80)!r} came after srun tore the step down "
+        f"({short_line(cleaned[down], 80)!r}): a task's failure, not a preemption"
+    )
+    return replace(cause, notes=(*cause.notes, note))
 
 
 def _shell_killed(lines: tuple[str, ...]) -> bool:
