@@ -102,8 +102,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         for job in self.tg.json("jobs", "--limit", "1000"):
+            if JobState(job["state"]).is_terminal:
+                continue  # its master is gone: no second CLI process to ask for its pid
             pid = self.tg.json("status", job["id"])["master_pid"]
-            if pid and not JobState(job["state"]).is_terminal and alive(pid):
+            if pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
