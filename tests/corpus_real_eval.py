@@ -12,6 +12,7 @@ tuned by reading development cases only:
     .venv/bin/python tests/corpus_real_eval.py --train    # retrain the shipped model
     .venv/bin/python tests/corpus_real_eval.py --test --ceiling   # ... and by category alone
     .venv/bin/python tests/corpus_real_eval.py --test --expert    # ... and a log-only expert
+    .venv/bin/python tests/corpus_real_eval.py --test --retry-uncertain  # ... and that option
 
 The classifier is the rules plus a learned model (trainguard.policy.learned) trained on
 the development part only. Its development number is cross-validated: each case is judged
@@ -27,7 +28,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -237,6 +238,12 @@ def answered(retry: bool, by: str) -> Classification:
     return Classification(ExitKind.NONZERO, None, retry, by, 1, None, "", "")
 
 
+def retried_once(c: Classification) -> Classification:
+    """The decision under `retry_uncertain`: an uncertain reading is retried (once), either
+    way it leaned; still uncertain, so "beyond one uncertain retry" does not count it."""
+    return replace(c, retryable=True) if c.uncertain else c
+
+
 def by_category(cases: list[Case]) -> dict[str, bool]:
     """Each category's majority label on the development part: what an expert who filed
     the log's family exactly, and knew nothing else, would best answer."""
@@ -310,6 +317,12 @@ def main() -> None:
         "--expert", action="store_true", help="also score an expert reading only the log"
     )
     p.add_argument(
+        "--retry-uncertain",
+        action="store_true",
+        help="also score the decisions with fault_tolerance.retry_uncertain: an uncertain "
+        "permanent reading is retried once too",
+    )
+    p.add_argument(
         "--doubtful",
         action="store_true",
         help="also score the cases whose thread concluded apart from the doubtful ones",
@@ -341,25 +354,40 @@ def main() -> None:
             print(by_family[name].line(f"{name}, by the category's majority label"))
     if args.expert:
         print_expert(parts, names)
-    if args.doubtful:
-        for name in names:
-            for doubt in (False, True):
-                part = [(k, c) for k, c in parts[name] if k.doubtful == doubt]
-                print(score(part).line(f"{name}, {'doubtful' if doubt else 'concluded'}"))
+    print_subsets(parts, names, args.retry_uncertain, args.doubtful)
     print("dev by category:", dict(Counter(k.category for k, _ in parts["dev"])))
     if args.wrong:
-        for case, c in parts["dev"]:
-            if case.retryable == c.retryable:
-                continue
-            if args.category and case.category != args.category:
-                continue
-            print(
-                f"\n== {case.id} {case.category} labelled retryable={case.retryable} got "
-                f"{c.failure_class} rule {c.rule} conf {c.confidence} ({case.url})\n"
-                f"   note: {case.note}\n   line: {c.matched_line}"
-            )
-            for line in case.log[-25:]:
-                print(f"   | {line[:200]}")
+        print_wrong(parts["dev"], args.category)
+
+
+def print_subsets(
+    parts: dict[str, list[tuple[Case, Classification]]],
+    names: tuple[str, ...],
+    retry_uncertain: bool,
+    doubtful: bool,
+) -> None:
+    """The scores with `retry_uncertain`'s decisions, and of concluded and doubtful cases."""
+    for name in names:
+        if retry_uncertain:
+            once = [(k, retried_once(c)) for k, c in parts[name]]
+            print(score(once).line(f"{name}, with retry_uncertain"))
+        for doubt in (False, True) if doubtful else ():
+            part = [(k, c) for k, c in parts[name] if k.doubtful == doubt]
+            print(score(part).line(f"{name}, {'doubtful' if doubt else 'concluded'}"))
+
+
+def print_wrong(dev: list[tuple[Case, Classification]], category: str | None) -> None:
+    """The development part's misses, with their logs' last lines."""
+    for case, c in dev:
+        if case.retryable == c.retryable or (category and case.category != category):
+            continue
+        print(
+            f"\n== {case.id} {case.category} labelled retryable={case.retryable} got "
+            f"{c.failure_class} rule {c.rule} conf {c.confidence} ({case.url})\n"
+            f"   note: {case.note}\n   line: {c.matched_line}"
+        )
+        for line in case.log[-25:]:
+            print(f"   | {line[:200]}")
 
 
 if __name__ == "__main__":

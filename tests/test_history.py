@@ -163,3 +163,39 @@ def test_a_crash_mid_training_is_not_uncertain() -> None:
     d = decide_failure(FaultTolerance(), Budgets(), crash)
     assert isinstance(d, RestartJob)
     assert all(c.budget != "max_uncertain_restarts" for c in d.charges)
+
+
+# ---------------------------------------------------------------- retry_uncertain
+
+UNEXPLAINED = ("loading shards", "giving up")  # exit 3, no sign the rules know: a guess
+
+
+def test_an_uncertain_permanent_reading_ends_the_job_unless_asked() -> None:
+    f = _failure(0, 5, tail=UNEXPLAINED, returncode=3)
+    c = f.classification
+    assert (c.retryable, c.uncertain) == (False, True)
+    assert isinstance(decide_failure(FaultTolerance(), Budgets(), f), FailJob)
+
+
+def test_retry_uncertain_gives_it_one_retry_and_history_ends_the_second() -> None:
+    ft = FaultTolerance(retry_uncertain=True)
+    f = _failure(0, 5, tail=UNEXPLAINED, returncode=3)
+    first = decide_failure(ft, Budgets(), f)
+    assert isinstance(first, RestartJob)
+    assert "uncertain (confidence 0.50) and retry_uncertain gives it a retry" in first.reason
+    assert "max_uncertain_restarts 1/1 (0 left)" in [str(c) for c in first.charges]
+    b = Budgets().after(f, first)
+    again = decide_failure(ft, b, _failure(1, 5, tail=UNEXPLAINED, returncode=3))
+    assert isinstance(again, FailJob)
+    assert "the same error at step 5 in attempts 0 and 1: not transient" in again.reason
+    # at another step it is not the history rule but the spent budget that ends it
+    elsewhere = decide_failure(ft, b, _failure(1, 40, tail=UNEXPLAINED, returncode=3))
+    assert isinstance(elsewhere, FailJob)
+    assert "max_uncertain_restarts is spent (1/1)" in elsewhere.reason
+
+
+def test_retry_uncertain_leaves_a_sure_bug_alone() -> None:
+    tail = ("Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'x'")
+    f = _failure(0, 5, tail=tail)
+    assert not f.classification.uncertain
+    assert isinstance(decide_failure(FaultTolerance(retry_uncertain=True), Budgets(), f), FailJob)

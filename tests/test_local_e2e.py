@@ -282,3 +282,33 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
     assert "The replica worker-2 exited with a non-zero status of 1" in job["error_message"]
     groups = tg.json("records", job["id"], "--aggregate")
     assert groups[0]["count"] == 12 and groups[0]["replicas"] == ["worker-2"]
+
+
+UNEXPLAINED = ("*:print:loading shards", "*:print:step 3 loss 0.5", "0:exit:3")
+
+
+@pytest.mark.parametrize("flag", [(), ("--retry-uncertain", "false")])
+def test_an_unexplained_exit_ends_the_job_at_once_by_default(tg: TG, flag: tuple[str, ...]) -> None:
+    rc, err = run(tg, *flag, n=1, actions=UNEXPLAINED)
+    assert rc == 1, err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("FAILED", 1)
+
+
+def test_retry_uncertain_retries_an_unexplained_exit_once_then_history_ends_it(tg: TG) -> None:
+    """exit 3 after a step, with nothing the rules know: permanent, but only a guess."""
+    rc, err = run(tg, "--retry-uncertain", "true", n=1, actions=UNEXPLAINED)
+    assert rc == 1, err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("FAILED", 2)
+    first, second = (f for f in tg.json("explain", job["id"])["failures"] if f["root_cause"])
+    assert "retry_uncertain gives it a retry" in first["decision"]
+    assert "the same error at step 3 in attempts 0 and 1: not transient" in second["decision"]
+
+
+def test_retry_uncertain_lets_a_job_that_fails_once_unexplained_finish(tg: TG) -> None:
+    actions = ("*:print:step 3 loss 0.5", "0@0:exit:3", "*:print:done")
+    rc, err = run(tg, "--retry-uncertain", "true", n=1, actions=actions)
+    assert rc == 0, err
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("SUCCEEDED", 2)

@@ -27,6 +27,7 @@ _FT_FLAGS = {
     "max_replica_restarts": "--max-replica-restarts",
     "max_transient_restarts": "--max-transient-restarts",
     "max_uncertain_restarts": "--max-uncertain-restarts",
+    "retry_uncertain": "--retry-uncertain",
     "enable_repeat_detection": "--enable-repeat-detection",
     "max_num_of_same_error": "--max-num-of-same-error",
     "max_tolerated_failure_rate": "--max-tolerated-failure-rate",

@@ -13,7 +13,8 @@ The rules, in order, for a failure:
    times -> FailJob;
 4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
    (capacity with queue.wait_for_capacity -> WaitForCapacity); a retryable failure
-   whose evidence is uncertain also charges `max_uncertain_restarts` (1);
+   whose evidence is uncertain also charges `max_uncertain_restarts` (1), and with
+   `retry_uncertain` so does an uncertain one that reads as permanent (else rule 1);
 5. async mode and a replica of a group (torchft): restart its group alone while
    `max_group_restarts` last and another group is up to heal from, else the whole job;
    a role that restarts alone (the framework's `RolePolicy`; `worker`
@@ -118,6 +119,11 @@ def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str]:
         return True, "fault_tolerant_policy is OnFailure"
     if c.retryable:
         return True, f"{c.failure_class} is retryable (rule {c.rule})"
+    if ft.retry_uncertain and c.uncertain:
+        return True, (
+            f"{c.failure_class} reads as not retryable (rule {c.rule}), but the evidence is "
+            f"uncertain (confidence {c.confidence:.2f}) and retry_uncertain gives it a retry"
+        )
     return False, f"{c.failure_class} is not retryable (rule {c.rule})"
 
 
@@ -244,11 +250,9 @@ def decide_failure(
             return _end_replica(roles, ft, failure, why)
         extra = (*extra, Charge(budget_field, used + 1, limit))
 
-    if (
-        c.uncertain
-        and c.retryable
-        and ft.fault_tolerant_policy is not FaultTolerantPolicy.ON_FAILURE
-    ):
+    # Past _is_retryable, an uncertain failure is retried under this budget, whichever
+    # way the evidence leaned (a permanent-looking one only with retry_uncertain).
+    if c.uncertain and ft.fault_tolerant_policy is not FaultTolerantPolicy.ON_FAILURE:
         used = b.class_restarts.get("max_uncertain_restarts", 0)
         if not limit_allows(ft.max_uncertain_restarts, used):
             why = (

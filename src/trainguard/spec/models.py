@@ -127,6 +127,11 @@ class FaultTolerance(SpecModel):
     # A retryable failure whose evidence is uncertain (a bare signal, a guess) is
     # retried this many times in all.
     max_uncertain_restarts: Limit = 1
+    # A failure the evidence reads as permanent, but uncertainly (no known sign, a bare
+    # exit status, the learned model's guess), gets one retry too, charged to the same
+    # budget: the history rule ends it at its second occurrence at the same point. For jobs
+    # that must not end on an unclear failure; off, as a bug is never retried.
+    retry_uncertain: bool = False
     # The same error at the same progress point (step, or start-up) in two attempts ends
     # the job whatever its class: it is deterministic, not transient.
     enable_repeat_detection: bool = True
