@@ -303,9 +303,9 @@ def _slurm_teardown(v: Verdict, ev: ExitEvidence, rules: Rules, phase: Phase) ->
     if v.cls is not FailureClass.PREEMPTION or v.line is None or "DUE TO" in v.line:
         return None
     cleaned = [clean(x) for x in ev.log_tail]
-    said = max((i for i, x in enumerate(cleaned) if x == v.line), default=-1)
+    said = max((i for i, x in enumerate(cleaned) if x == v.line), default=0)
     down = next((i for i, x in enumerate(cleaned[:said]) if _SRUN_TEARDOWN.search(x)), None)
-    if down is None:
+    if down is None:  # nothing before the line (or the line not found): nothing to re-read
         return None
     before = replace(ev, log_tail=ev.log_tail[:down])
     cause = weigh(before, None, rules, phase)
