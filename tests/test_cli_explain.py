@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import TG, child
+
+pytestmark = pytest.mark.slow  # every test here runs the real CLI
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainguard.cli.live import READ_EVERY_S, LiveRun
 from trainguard.cli.readers import status_text
 from trainguard.cli.render import jobs_table, live_panel, progress_line, to_text
@@ -135,14 +137,16 @@ def test_the_panel_reads_the_store_at_most_twice_a_second_and_measures_the_rate(
     assert live._activity == ("job tg-1 RESTARTING: RestartJob: ...", now[0])
 
 
-def _run_in_a_terminal(tmp_path: Path, *extra: str) -> str:
+TRAIN = (
+    "import time\n"
+    "for i in range(1, 30):\n"
+    "    print(f'step {i} loss 0.5', flush=True)\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _run_in_a_terminal(tmp_path: Path, *extra: str, script: str = TRAIN, rc: int = 0) -> str:
     """`trainguard run` with a pseudo-terminal as its stdout; everything it drew."""
-    script = (
-        "import time\n"
-        "for i in range(1, 30):\n"
-        "    print(f'step {i} loss 0.5', flush=True)\n"
-        "    time.sleep(0.05)\n"
-    )
     (tmp_path / "train.py").write_text(script)
     env = {**os.environ, "TRAINGUARD_HOME": str(tmp_path / "home"), "COLUMNS": "100"}
     main, child = pty.openpty()
@@ -165,10 +169,11 @@ def _run_in_a_terminal(tmp_path: Path, *extra: str) -> str:
             break
     proc.wait(timeout=30)
     os.close(main)
-    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")[-2000:]
+    assert proc.returncode == rc, b"".join(chunks).decode(errors="replace")[-2000:]
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_run_on_a_terminal_keeps_a_panel_below_the_output(tmp_path: Path) -> None:
     drawn = _run_in_a_terminal(tmp_path)
     assert "╭" in drawn and "trainguard tg-" in drawn  # the panel's frame and title
@@ -176,7 +181,20 @@ def test_run_on_a_terminal_keeps_a_panel_below_the_output(tmp_path: Path) -> Non
     assert "SUCCEEDED" in drawn and "step 29" in drawn
 
 
+@pytest.mark.slow
 def test_plain_draws_no_panel(tmp_path: Path) -> None:
     drawn = _run_in_a_terminal(tmp_path, "--plain")
     assert "╭" not in drawn and "[worker-0]: step 29 loss 0.5" in drawn
     assert "trainguard: job tg-" in drawn
+
+
+@pytest.mark.slow
+def test_run_on_a_terminal_shows_hostile_job_data_as_text(tmp_path: Path) -> None:
+    """The panel, trainguard's lines and the final report: markup from the job is shown
+    (no MarkupError), its escape sequences written out, never sent to the terminal."""
+    hostile = "[/] [bold red]x [link=http://x]y[/link] \x1b]0;title\x07 \x1b[2J"
+    script = f"print('step 1 loss 0.5', flush=True)\nraise RuntimeError({hostile!r})\n"
+    drawn = _run_in_a_terminal(tmp_path, "--quiet", "--max-restarts", "0", script=script, rc=1)
+    assert "╭" in drawn and "MarkupError" not in drawn
+    assert "\x1b]" not in drawn and "\x07" not in drawn and "\x1b[2J" not in drawn
+    assert "RuntimeError: [/] [bold red]x [link=http://x]y[/link] \\x1b]0;title\\x07" in drawn

@@ -3,8 +3,13 @@ traceback ends with, through chained, caused and grouped exceptions."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from trainguard.backends.output import RunOutput
+from trainguard.policy.classes import ExitEvidence
+from trainguard.policy.classify import classify_exit
 from trainguard.policy.logtail import last_exception
 
 CHAINED = (
@@ -134,3 +139,35 @@ def test_last_exception_inside_an_exception_group() -> None:
         "    +------------------------------------",
     )
     assert last_exception(lines) == "ValueError: bad shape"
+
+
+def test_headerless_frames_open_a_traceback_unless_no_exception_follows() -> None:
+    frames = ('  File "a.py", line 3, in <module>', "    main()")
+    assert last_exception(("xxxx", *frames, "RuntimeError: boom")) == "RuntimeError: boom"
+    # after a traceback, frames with no exception line were a printed stack
+    first = ("Traceback (most recent call last):", *frames, "KeyError: 'x'")
+    assert last_exception((*first, "retrying", *frames)) == "KeyError: 'x'"
+    assert last_exception((*first, *frames, "ValueError: v")) == "ValueError: v"
+    # faulthandler's frames ("line 3 in f", no comma) open nothing
+    assert last_exception(('  File "a.py", line 3 in f', "ValueError: v")) is None
+
+
+def test_a_traceback_glued_to_an_over_long_line_is_still_read(tmp_path: Path) -> None:
+    """A replica prints 1 MB with no newline, then dies: Python's traceback header is
+    glued to the end of the long line, and the cut of over-long lines drops it."""
+    out = RunOutput("worker-0", tmp_path / "w0.log", None, lambda first, segments: None)
+    data = b"x" * 1_000_000 + (
+        b"Traceback (most recent call last):\n"
+        b'  File "/app/train.py", line 4, in <module>\n'
+        b'    raise RuntimeError("boom")\n'
+        b"RuntimeError: boom\n"
+    )
+    for at in range(0, len(data), 65536):  # as a pipe delivers it
+        out.feed(data[at : at + 65536])
+    out.close()
+    tail = out.tail.lines()
+    assert not any("Traceback" in line for line in tail)  # the header is gone...
+    assert last_exception(tail) == "RuntimeError: boom"  # ...the error is not
+    c = classify_exit(ExitEvidence("worker-0", 1, log_tail=tail))
+    assert c.matched_line == "RuntimeError: boom"
+    assert c.message.endswith("Termination reason: RuntimeError: boom.")

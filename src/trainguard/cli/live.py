@@ -16,9 +16,8 @@ from typing import Any, TextIO
 
 from rich.console import RenderableType
 from rich.live import Live
-from rich.text import Text
 
-from trainguard.cli.render import console, live_panel
+from trainguard.cli.render import console, data_text, live_panel
 from trainguard.records.queries import Reader
 
 READ_EVERY_S = 0.5
@@ -63,7 +62,7 @@ class LiveRun:
         text = line if len(line) <= 160 else line[:157] + "..."
         self._activity = (text, self.clock())
         self._read_s = float("-inf")  # the store has news: read it for this frame
-        self.console.print(Text(f"trainguard: {line}", style="bold"))
+        self.console.print(data_text(f"trainguard: {line}", style="bold"))
 
     def _render(self) -> RenderableType:
         now = self.clock()

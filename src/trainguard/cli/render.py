@@ -1,6 +1,10 @@
 """How the CLI draws a job: the tables of `jobs`, `status` and `records`, and the live
 panel of `trainguard run`, all with rich, so they look alike on a terminal and stay plain
-text (no colour, no screen control) in a pipe or a log."""
+text (no colour, no screen control) in a pipe or a log.
+
+Job data (names, messages, replica output, metric names) is text, never markup nor
+terminal control: every cell is a `Text` of `printable(...)`, and the consoles read no
+markup at all, so `[/]` in an error message is shown, not parsed (and cannot crash)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from trainguard.policy.logtail import printable
 
 _STATE_STYLE = {
     "RUNNING": "green",
@@ -41,7 +47,13 @@ def console(file: TextIO | None = None) -> Console:
     a pipe."""
     out = file or sys.stdout
     tty = bool(getattr(out, "isatty", lambda: False)())
-    return Console(file=out, highlight=False, soft_wrap=True, width=None if tty else PIPE_WIDTH)
+    return Console(
+        file=out,
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+        width=None if tty else PIPE_WIDTH,
+    )
 
 
 def to_text(renderable: RenderableType, color: bool = False) -> str:
@@ -52,6 +64,7 @@ def to_text(renderable: RenderableType, color: bool = False) -> str:
         force_terminal=color,
         no_color=not color,
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     out.print(renderable)
@@ -71,8 +84,17 @@ def fmt_span(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def data_text(value: object, style: str = "") -> Text:
+    """Job data as rich shows it: as it is, its control characters escaped."""
+    return value if isinstance(value, Text) else Text(printable(str(value)), style=style)
+
+
 def state_text(state: str) -> Text:
-    return Text(state, style=_STATE_STYLE.get(state, ""))
+    return data_text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def _add_row(table: Table, *cells: object) -> None:
+    table.add_row(*(data_text(c) for c in cells))
 
 
 def _table(*columns: str) -> Table:
@@ -86,7 +108,8 @@ def jobs_table(rows: Sequence[dict[str, Any]]) -> Table:
     table = _table("ID", "NAME", "STATE", "ATTEMPTS", "STEP", "CREATED", "NOTE")
     for r in rows:
         step = r.get("last_step")
-        table.add_row(
+        _add_row(
+            table,
             r["id"],
             r["name"],
             state_text(r["state"]),
@@ -102,25 +125,28 @@ def status_renderable(view: dict[str, Any]) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("job", f"{view['id']} ({view['name']})")
-    head.add_row("state", state_text(view["state"]))
+    _add_row(head, "job", f"{view['id']} ({view['name']})")
+    _add_row(head, "state", state_text(view["state"]))
     if view.get("queued_reason"):
-        head.add_row("queue", view["queued_reason"])
-    head.add_row("attempts", f"{view['attempts']} ({view['restarts']} restart(s))")
+        _add_row(head, "queue", view["queued_reason"])
+    _add_row(head, "attempts", f"{view['attempts']} ({view['restarts']} restart(s))")
     if (line := progress_line(view.get("progress"))) is not None:
-        head.add_row("progress", line)
-    head.add_row(
-        "created", f"{fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}"
+        _add_row(head, "progress", line)
+    _add_row(
+        head,
+        "created",
+        f"{fmt_time(view['created_at_s'])}   ended {fmt_time(view['ended_at_s'])}",
     )
     if view["error_message"]:
-        head.add_row("error", f"[{view['error_code']}] {view['error_message']}")
-    head.add_row("logs", str(view["log_dir"]))
+        _add_row(head, "error", f"[{view['error_code']}] {view['error_message']}")
+    _add_row(head, "logs", view["log_dir"])
     replicas = _table("REPLICA", "RANK", "STATE", "PID", "EXIT", "NODE")
     for r in view["replicas"]:
         code = "" if r["exit_code"] is None else str(r["exit_code"])
         if r.get("signal"):
             code = f"{code} ({r['signal']})".strip()
-        replicas.add_row(
+        _add_row(
+            replicas,
             r["name"],
             str(r["rank"]),
             state_text(r["state"]),
@@ -154,7 +180,8 @@ def progress_line(progress: dict[str, Any] | None, rate: float | None = None) ->
 def records_renderable(rows: Sequence[dict[str, Any]]) -> RenderableType:
     table = _table("#", "AT", "NODE", "REPLICA", "CODE", "SOURCE", "CLASS", "DECISION")
     for r in rows:
-        table.add_row(
+        _add_row(
+            table,
             str(r["round"]),
             fmt_time(r["at_s"]),
             r["node"] or "-",
@@ -180,7 +207,7 @@ def records_renderable(rows: Sequence[dict[str, Any]]) -> RenderableType:
         )
         if phases:
             lines.append(f"   phases:   {phases}")
-        details.append(Text("\n".join(lines)))
+        details.append(data_text("\n".join(lines)))
     return Group(*details)
 
 
@@ -194,12 +221,12 @@ def live_panel(
     state, attempt, replicas, progress, restarts, elapsed time, and what it is doing now
     (with how long it has been at it: a long wait shows that it is still waiting)."""
     if view is None:
-        return Panel(Text("starting ..."), title="trainguard", box=box.ROUNDED)
+        return Panel(Text("starting ..."), title=Text("trainguard"), box=box.ROUNDED)
     states = [r["state"] for r in view["replicas"]]
     running = states.count("RUNNING")
     failed = sum(s in ("FAILED", "LOST") for s in states)
     line = Text()
-    line.append(f"{view['name']} ", style="bold")
+    line.append(printable(f"{view['name']} "), style="bold")
     line.append_text(state_text(view["state"]))
     line.append(f"  attempt {max(0, view['attempts'] - 1)}")
     line.append(f"  replicas {running}/{len(states)} running")
@@ -209,8 +236,9 @@ def live_panel(
     line.append(f"  elapsed {fmt_span(now_s - view['created_at_s'])}")
     rows: list[RenderableType] = [line]
     progress = progress_line(view.get("progress"), rate)
-    rows.append(Text(progress or "no step seen yet", style="" if progress else "dim"))
+    rows.append(data_text(progress or "no step seen yet", style="" if progress else "dim"))
     if activity is not None:
-        text, since = activity
-        rows.append(Text(f"{text}  ({fmt_span(now_s - since)})", style="dim"))
-    return Panel(Group(*rows), title=f"trainguard {view['id']}", box=box.ROUNDED, expand=True)
+        doing, since = activity
+        rows.append(data_text(f"{doing}  ({fmt_span(now_s - since)})", style="dim"))
+    title = data_text(f"trainguard {view['id']}")
+    return Panel(Group(*rows), title=title, box=box.ROUNDED, expand=True)

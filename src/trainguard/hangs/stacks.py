@@ -23,6 +23,7 @@ from trainguard.hangs.stack_model import (
     State,
     ThreadStack,
 )
+from trainguard.policy.logtail import printable
 
 # What waiting inside communication looks like. A frame is a communication frame when
 # its name matches _COLLECTIVE_NAMES or its file matches _COLLECTIVE_FILES. The names
@@ -326,7 +327,11 @@ def _group(snaps: Sequence[ReplicaSnapshot]) -> list[StackGroup]:
 
 
 def render(report: StackReport) -> str:
-    """Human text for `trainguard stacks`: summary, replicas, then groups (innermost first)."""
+    """Human text for `trainguard stacks`: summary, replicas, then groups (innermost first).
+
+    Names and paths come from the replicas' processes: their control characters are
+    escaped, shown on the terminal and never obeyed.
+    """
     out = [report.summary, "", "replicas:"]
     width = max((len(d.replica) for d in report.replicas), default=0)
     for d in report.replicas:
@@ -346,7 +351,7 @@ def render(report: StackReport) -> str:
                 out.append(
                     f"    {f.name}  {_short(f.filename)}:{'?' if f.line is None else f.line}"
                 )
-    return "\n".join(out)
+    return printable("\n".join(out))
 
 
 def _short(path: str) -> str:

@@ -20,11 +20,32 @@ _PREFIX = re.compile(
 _EXC_LINE = re.compile(
     r"^([A-Za-z_]\w*\.)*(Exception|_*[A-Z]\w*(Error|Exception|Interrupt|Exit|Group))(:.*)?$"
 )
+# A traceback's frame line, `File "train.py", line 8, in main` once cleaned (faulthandler's
+# "line 8 in main" has no comma): it opens a traceback whose header line was lost.
+_FRAME = re.compile(r'^File "[^"]*", line \d+, in ')
+_HEADER = "Traceback (most recent call last)"
 # Lines that chain one traceback to the next: the cause comes first.
 _CHAINS = (
     "During handling of the above exception, another exception occurred",
     "The above exception was the direct cause of the following exception",
 )
+# What a terminal obeys rather than shows: C0 and C1 controls but newline and tab (ESC
+# starts a title change or a screen clear; CSI is one byte in C1), DEL, bidi overrides.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (ESC as `\\x1b`).
+
+    Replica output and what is made of it (error messages, matched lines, stacks) is
+    shown on terminals: it must be seen there, never obeyed.
+    """
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class Tail:
@@ -58,27 +79,36 @@ def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
     The chain start is the first traceback of the last chain ("During handling of the
     above exception..."), where the original cause is told.
 
+    A frame line outside a traceback opens one whose header was lost: glued to the end
+    of an over-long line, whose cut (MAX_LINE) kept only its start. Frames that no
+    exception line follows were a printed stack (traceback.print_stack), not a traceback.
+
     The block is the `KeyError: 'x'` line and the lines of its message that follow it,
     up to the next blank line or the end (an exception message may span lines).
     """
     cleaned = [clean(x) for x in lines]
     start: int | None = None
     found: int | None = None
-    chained = False
+    before: tuple[int, int] | None = None  # the last traceback found, if frames follow it
+    headless = chained = False
     for i, line in enumerate(cleaned):
         if line.startswith(_CHAINS):
             chained = True
-        elif "Traceback (most recent call last)" in line:
+        elif _HEADER in line or (_FRAME.match(line) and (start is None or found is not None)):
+            if start is not None and found is not None:
+                before = start, found
             if not chained:
                 start = i  # a new chain; a chained traceback keeps its cause's start
-            found, chained = None, False
+            found, chained, headless = None, False, _HEADER not in line
         elif start is not None and found is None and _EXC_LINE.match(line):
             found = i
+    if found is None and headless and before is not None:
+        start, found = before
     if found is None:
         return None
     block = [cleaned[found]]
     for line in cleaned[found + 1 : found + 12]:
-        if not line or "Traceback (most recent call last)" in line:
+        if not line or _HEADER in line:
             break
         block.append(line)
     assert start is not None

@@ -11,10 +11,11 @@ from trainguard.errors import SpecError
 from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
-from trainguard.policy.logtail import TAIL_BYTES, Tail
+from trainguard.policy.logtail import TAIL_BYTES, Tail, printable
 from trainguard.records.rows import FailureRow
 from trainguard.records.schema import DECISION_EVENT, HANG_CLEARED_EVENT, WARM_START_EVENT
 from trainguard.signals import parse_signal
+from trainguard.spec.bounded_read import read_tail
 
 EXPLAINED_EVENTS = {
     DECISION_EVENT: "decision",
@@ -53,47 +54,57 @@ def aggregate(failures: Sequence[FailureRow]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: (-g["count"], g["first_at_s"]))
 
 
+def _show(lines: Sequence[str]) -> None:
+    """Lines quoting job data (replica output, messages) on stdout: seen, never obeyed."""
+    print(printable("\n".join(lines)))
+
+
 def print_aggregate(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no failures recorded")
         return
+    out: list[str] = []
     for g in rows:
-        print(
+        out.append(
             f"{g['count']:>4}x  {g['failure_class']:<22} rule {g['rule']:<22} "
             f"fingerprint {g['fingerprint']}  replicas {', '.join(sorted(g['replicas']))}"
         )
-        print(f"       {g['example']}")
+        out.append(f"       {g['example']}")
+    _show(out)
 
 
 def print_explain(
     job: dict[str, Any], failures: list[dict[str, Any]], decisions: Sequence[dict[str, Any]] = ()
 ) -> None:
-    print(f"job {job['id']} ({job['name']}): {job['state']}, {job['attempts']} attempt(s)")
+    out = [f"job {job['id']} ({job['name']}): {job['state']}, {job['attempts']} attempt(s)"]
     if not failures:
-        print("no failures: nothing needed explaining")
+        out.append("no failures: nothing needed explaining")
     for f in failures:
         role = "root cause" if f["root_cause"] else f"cascade of {f['cascade_of']}"
         retry = "retryable" if f["retryable"] else "not retryable"
-        print(f"- attempt {f['attempt']}, {f['replica']} ({role})")
-        print(f"    class        {f['failure_class']} ({retry})")
-        print(f"    rule         {f['rule']}")
+        out.append(f"- attempt {f['attempt']}, {f['replica']} ({role})")
+        out.append(f"    class        {f['failure_class']} ({retry})")
+        out.append(f"    rule         {f['rule']}")
         if f["matched_line"]:
-            print(f"    matched line {f['matched_line']}")
+            out.append(f"    matched line {f['matched_line']}")
         if f.get("confidence") is not None:
             sure = " (uncertain)" if f["confidence"] < UNCERTAIN_BELOW else ""
-            print(f"    confidence   {f['confidence']:.2f}{sure}, phase {f['phase'] or 'unknown'}")
+            out.append(
+                f"    confidence   {f['confidence']:.2f}{sure}, phase {f['phase'] or 'unknown'}"
+            )
         if f.get("step") is not None:
-            print(f"    at step      {f['step']}")
+            out.append(f"    at step      {f['step']}")
         for note in (f.get("notes") or "").splitlines():
-            print(f"    context      {note}")
-        print(f"    fingerprint  {f['fingerprint']}")
-        print(f"    message      {f['message']}")
-        print(f"    decision     {f['decision']}")
+            out.append(f"    context      {note}")
+        out.append(f"    fingerprint  {f['fingerprint']}")
+        out.append(f"    message      {f['message']}")
+        out.append(f"    decision     {f['decision']}")
     for d in decisions:
         what = EXPLAINED_EVENTS.get(d["kind"], d["kind"])
-        print(f"- {what:<12} {d['text']}")
+        out.append(f"- {what:<12} {d['text']}")
     if job["error_message"]:
-        print(f"final error: [{job['error_code']}] {job['error_message']}")
+        out.append(f"final error: [{job['error_code']}] {job['error_message']}")
+    _show(out)
 
 
 # ---------------------------------------------------------------- offline classification
@@ -118,10 +129,7 @@ def classify_file(
 ) -> Classification:
     """The classifier, as the master runs it, over the tail of any log file."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - TAIL_BYTES))
-            data = fh.read()
+        data = read_tail(path, TAIL_BYTES)  # bounded: a device, a FIFO, a huge file
     except OSError as exc:
         raise SpecError([f"{path}: cannot read the log ({exc.strerror})"]) from None
     tail = Tail()  # the bounds of the master's own tail of a replica's output
@@ -157,12 +165,12 @@ def print_classification(c: Classification, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return
-    for key in ("failure_class", "retryable", "rule", "matched_line", "fingerprint", "message"):
-        print(f"{key:<14} {data[key]}")
+    keys = ("failure_class", "retryable", "rule", "matched_line", "fingerprint", "message")
+    out = [f"{key:<14} {data[key]}" for key in keys]
     sure = ""
     if c.uncertain:
         sure = " (uncertain: retried at most once)" if c.retryable else " (uncertain)"
-    print(f"{'confidence':<14} {c.confidence:.2f}{sure}")
-    print(f"{'phase':<14} {c.phase}")
-    for note in c.notes:
-        print(f"{'context':<14} {note}")
+    out.append(f"{'confidence':<14} {c.confidence:.2f}{sure}")
+    out.append(f"{'phase':<14} {c.phase}")
+    out += [f"{'context':<14} {note}" for note in c.notes]
+    _show(out)
