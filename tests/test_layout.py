@@ -74,6 +74,7 @@ def test_replica_env() -> None:
         "TORCHELASTIC_RESTART_COUNT": "2",
         "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TRAINGUARD_JOB_ID": "job-abc",
         "TRAINGUARD_REPLICA": "worker-1",
         "TRAINGUARD_RESTART_COUNT": "2",

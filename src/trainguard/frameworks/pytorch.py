@@ -1,10 +1,14 @@
 """`pytorch` (the default): the environment torchrun gives its workers.
 
 Code written for torchrun (and libraries that detect a torchrun launch through the
-TORCHELASTIC_* variables) runs unchanged. One node: LOCAL_RANK == RANK, GROUP_RANK 0.
+TORCHELASTIC_* variables) runs unchanged. Built as if every rank ran on one node
+(LOCAL_RANK == RANK, GROUP_RANK 0); a backend that spreads the ranks over nodes lays the
+node variables out again from its placement (`frameworks.node_env`).
 """
 
 from __future__ import annotations
+
+import os
 
 from trainguard.frameworks.base import EnvContext, Preset
 
@@ -31,4 +35,9 @@ class PyTorch(Preset):
             "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
             # rank 0 hosts the rendezvous store, unless the backend holds it (and says so)
             "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # as torchrun: a failed NCCL collective ends the rank (an exit the master sees)
+            # instead of leaving it hung, unless the user's environment says otherwise
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+            ),
         }

@@ -106,6 +106,7 @@ class RayBackend:
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:
+        launches = self._place.with_layout(launches)  # the node variables of its placement
         await self._warm.plan(self._place.ray, launches, self._place.nodes)
         launches = self._warm.with_hosted_store(launches)
         forked = await asyncio.gather(*(self._start_one(launch) for launch in launches))

@@ -29,6 +29,9 @@ from trainguard.backends.net import free_port
 from trainguard.backends.storage_check import storage_problem
 
 ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
+# The GPUs of every rank on this node (`frameworks.node_env`), from the backend: the
+# replica's CUDA_VISIBLE_DEVICES, over the actor's own ids.
+NODE_DEVICES_ENV = "TRAINGUARD_NODE_DEVICES"
 
 _PR_SET_PDEATHSIG = 1
 _CHUNK = 64 * 1024
@@ -74,13 +77,15 @@ class ReplicaHost:
         self._stacks: str | None = None  # where its replica dumps stacks, on this node
 
     def where(self) -> dict[str, str]:
-        """This node: its Ray id, IP address and host name."""
+        """This node: its Ray id, IP address and host name, and the GPU ids Ray gave this
+        actor there (comma-separated; empty for none)."""
         import ray
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             "host": socket.gethostname(),
+            "gpus": ",".join(str(g) for g in _ray_gpu_ids()),
         }
 
     def free_port(self) -> int:
@@ -101,7 +106,10 @@ class ReplicaHost:
             return {"error": problem}
         self._stacks = _local_stacks_file(env)
         gpus = _ray_gpu_ids()
-        if gpus:  # what Ray gave this actor, not what the master's machine has
+        node_gpus = env.pop(NODE_DEVICES_ENV, "")
+        if node_gpus:  # the GPUs of this node's ranks, in local-rank order (as torchrun)
+            env["CUDA_VISIBLE_DEVICES"] = node_gpus
+        elif gpus:  # what Ray gave this actor, not what the master's machine has
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         with self._cond:
             self._buf.clear()

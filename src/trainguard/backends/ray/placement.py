@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from trainguard.backends.api import NoCapacity
+from trainguard.backends.api import Launch, NoCapacity
 from trainguard.backends.ray.calls import CALL_S, bounded, label
-from trainguard.backends.ray.host import ReplicaHost
+from trainguard.backends.ray.host import NODE_DEVICES_ENV, ReplicaHost
 from trainguard.backends.ray.warm import NodeZygotes
+from trainguard.frameworks.node_env import DEVICES, placed_envs
 from trainguard.spec.engines import RayOptions
 from trainguard.spec.models import Resources
 from trainguard.spec.sizes import parse_memory
@@ -48,6 +50,7 @@ class Placement:
         self._excluded: dict[str, str] = {}  # node id -> why it is kept out
         self.ray: Any = None  # the connected `ray` module; None until `connect`
         self._stale = False  # a node was lost: the next attempt is placed anew
+        self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
 
     def connect(self) -> Any:
         if self.ray is None:
@@ -154,6 +157,27 @@ class Placement:
 
         found = await asyncio.gather(*(one(r) for r in replicas))
         return dict(zip(replicas, found, strict=True))
+
+    def with_layout(self, launches: Sequence[Launch]) -> list[Launch]:
+        """The launches with what the placement gives their environment: torchrun's node
+        variables from which ranks share a node, and each node's GPUs (what Ray gave its
+        ranks' actors) for every rank of it, so `cuda:LOCAL_RANK` is the rank's own."""
+        attempt = launches[0].attempt if launches else -1
+        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
+        self._launched.update({la.replica: la for la in launches})
+        nodes = {r: n["node_id"] for r, n in self.nodes.items()}
+        gpus = {
+            r: tuple(g for g in n.get("gpus", "").split(",") if g) for r, n in self.nodes.items()
+        }
+        ranks = {r: (la.rank, la.env) for r, la in self._launched.items()}
+        changes = placed_envs(ranks, nodes, gpus)
+        out = []
+        for la in launches:
+            env = {**la.env, **changes.get(la.replica, {})}
+            if DEVICES in changes.get(la.replica, {}):
+                env[NODE_DEVICES_ENV] = env[DEVICES]  # the actor sets it, over Ray's own ids
+            out.append(replace(la, env=env))
+        return out
 
     def exclude_node_of(self, replica: str) -> str | None:
         """Keep the node `replica` was lost on out of later attempts; why, or None if it

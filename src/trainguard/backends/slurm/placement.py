@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from trainguard.backends.api import Launch
+from trainguard.frameworks.node_env import placed_envs, slots, slurm_env
 
 
 def place(
@@ -45,15 +46,35 @@ def place(
     return {replica: usable[i // tasks_per_node] for i, (replica, _) in enumerate(ordered)}
 
 
+def layout_env(
+    launches: Mapping[str, Launch], nodes: Mapping[str, str]
+) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """replica -> (the changes to its environment, its Slurm task variables) that the
+    layout of the attempt (`launches`: all of it so far, `nodes`: where each runs) gives.
+
+    Each rank is a step of one task, so Slurm would tell it "task 0 of 1 on node 0": the
+    task variables say what one `srun` of the whole layout would (`slurm_env`); they are set
+    in the task itself (`srun_argv`), as slurmstepd overwrites what `--export` passes."""
+    placed = {r: la for r, la in launches.items() if r in nodes}
+    changes = placed_envs({r: (la.rank, la.env) for r, la in placed.items()}, nodes)
+    ordered = sorted(placed, key=lambda r: placed[r].rank)
+    where = slots({r: (placed[r].rank, nodes[r]) for r in ordered})
+    return {
+        r: (changes[r], slurm_env(where[r], task, len(ordered))) for task, r in enumerate(ordered)
+    }
+
+
 def srun_argv(
     launch: Launch,
     node: str,
     job_id: str,
     excluded: Sequence[str] = (),
     extra: Sequence[str] = (),
+    task_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One job step of one task on `node`, with the replica's environment and working
-    folder, its output unbuffered, named after the replica (so `squeue -s` finds it)."""
+    folder, its output unbuffered, named after the replica (so `squeue -s` finds it);
+    `task_env` is set by `env` in the task, over what Slurm sets there."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -69,4 +90,5 @@ def srun_argv(
     ]
     if excluded:
         argv.append(f"--exclude={','.join(sorted(excluded))}")
-    return [*argv, *extra, *launch.argv]
+    prefix = ["env", "--", *(f"{k}={v}" for k, v in sorted(task_env.items()))] if task_env else []
+    return [*argv, *extra, *prefix, *launch.argv]
