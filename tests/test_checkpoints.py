@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, TG
@@ -245,3 +247,64 @@ def test_a_long_resume_download_shows_how_far_it_got() -> None:
     fast.advance(10)
     fast.done()
     assert quick.getvalue() == ""
+
+
+def _linked(tmp_path: Path) -> Path:
+    """A checkpoint folder whose optimizer state is reached through a linked folder."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "deep").mkdir(parents=True)
+    (elsewhere / "opt.bin").write_text("optimizer state")
+    (elsewhere / "deep" / "rng.bin").write_text("rng state")
+    folder = tmp_path / "linked"
+    folder.mkdir()
+    (folder / "model.bin").write_text("weights")
+    (folder / "optim").symlink_to(elsewhere, target_is_directory=True)
+    (folder / "config.json").symlink_to(elsewhere / "opt.bin")
+    return folder
+
+
+LINKED_FILES = ["config.json", "model.bin", "optim/deep/rng.bin", "optim/opt.bin"]
+
+
+def test_a_corrupt_file_under_a_linked_folder_is_caught(tmp_path: Path) -> None:
+    """Issue 37: files through a linked folder were copied but not in the manifest."""
+    storage = tmp_path / "store"
+    name = ck.commit(_linked(tmp_path), storage)
+    manifest = ck.manifest_of(storage, name)
+    assert manifest is not None and sorted(manifest["files"]) == LINKED_FILES
+    assert (storage / name / "optim" / "deep" / "rng.bin").read_text() == "rng state"
+    assert ck.verify(storage, name)
+    (storage / name / "optim" / "deep" / "rng.bin").write_text("torn write")
+    assert not ck.verify(storage, name) and ck.latest(storage) is None
+
+
+def test_a_corrupt_file_under_a_linked_folder_is_caught_through_fsspec(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://trainguard-test-{tmp_path.name}/linked"
+    name = ck.commit(_linked(tmp_path), url)
+    manifest = ck.manifest_of(url, name)
+    assert manifest is not None and sorted(manifest["files"]) == LINKED_FILES
+    assert ck.verify(url, name)
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/{name}/optim/opt.bin", b"torn write")
+    assert not ck.verify(url, name) and ck.latest(url) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda d: (d / "loop").symlink_to(d, target_is_directory=True), "loop links back"),
+        (lambda d: (d / "gone").symlink_to(d / "nowhere"), "gone is a link to nothing"),
+        (lambda d: os.mkfifo(d / "pipe"), "pipe is neither a file nor a folder"),
+    ],
+    ids=["loop", "dangling", "fifo"],
+)
+def test_a_link_that_cannot_be_followed_is_refused_in_one_line(
+    tmp_path: Path, make: Any, says: str
+) -> None:
+    storage, folder = tmp_path / "store", _folder(tmp_path, "f", "1")
+    make(folder / "sub")
+    with pytest.raises(ValueError, match=says) as err:
+        ck.commit(folder, storage)
+    assert "\n" not in str(err.value)
+    assert not storage.exists() or list(storage.iterdir()) == []  # nothing stored

@@ -47,13 +47,14 @@ class Sighting:
 
 # A tqdm bar as it is written to a pipe: "desc: 45%|####5     | 36/80 [00:01<00:01,
 # 30.00it/s, loss=0.5]". n and total are plain integers for a counting bar (a byte bar's
-# "10.0M/22.0M" is not progress).
+# "10.0M/22.0M" is not progress). The description is what comes before the match (see
+# `_desc`): a `^(.*?)[:\s]*` prefix in the pattern costs time quadratic in a line's length
+# (a 4 KiB line of spaces took 0.3 s) on the path of the replica's output (issue 37).
 _BAR = re.compile(
-    r"^(?P<desc>.*?)[:\s]*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*"
-    r"\[(?P<inside>[^\]]*)\]"
+    r"(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<inside>[^\]]*)\]"
 )
 # A bar without a total: "desc: 36it [00:01, 30.00it/s, loss=0.5]".
-_BAR_NO_TOTAL = re.compile(r"^(?P<desc>.*?)[:\s]*(?P<n>\d+)it \[(?P<inside>[^\]]*)\]")
+_BAR_NO_TOTAL = re.compile(r"(?<!\d)(?P<n>\d+)it \[(?P<inside>[^\]]*)\]")
 # Bars of work that is not the training loop: data preparation, downloads, evaluation.
 _SIDE_BAR = re.compile(
     r"map|filter|load|download|tokeni|generat|process|fetch|valid|sanity|test|predict|"
@@ -63,11 +64,12 @@ _SIDE_BAR = re.compile(
 # Lightning's RichProgressBar, which on a pipe prints its last frame only, as the run ends:
 # "Epoch 1/-2 ━━━━━━━ 30/30 0:00:00 • 0:00:00 509.81it/s train_loss: 0.060".
 _RICH_EPOCH = re.compile(
-    r"^Epoch (?P<e>\d+)/\S+\s+[━╸╺─\s]*\s(?P<n>\d+)/(?P<total>\d+)\s.*?(?:it/s|s/it)(?P<post>.*)$"
+    r"^Epoch (?P<e>\d+)/\S+\s[━╸╺─\s]*?\s(?P<n>\d+)/(?P<total>\d+)\s.*?(?:it/s|s/it)(?P<post>.*)$"
 )
-_RICH_METRIC = re.compile(
-    r"([A-Za-z_][\w./-]*):\s*(" + r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?" + ")"
-)
+# A metric's name starts a word ("=", ":" or a space before it): a name searched for at
+# every letter of a long word costs time quadratic in its length.
+_NAME = r"(?<![\w./-])(?:[^\W_A-Za-z]|[./-])*([A-Za-z_][\w./-]*)"
+_RICH_METRIC = re.compile(_NAME + r":\s*(" + r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?" + ")")
 # Lightning's RichModelSummary, printed where `rich` is installed: its progress bar then is
 # the RichProgressBar, which draws nothing on a pipe until fit ends.
 _RICH_SUMMARY = re.compile(r"┃\s*┃ Name\s*┃ Type\s*┃")
@@ -78,7 +80,7 @@ RICH_LIGHTNING_HINT = (
 )
 _RATE_UNIT = re.compile(r"(?:it|s)/(?:s|it)\b")
 _LIGHTNING_EPOCH = re.compile(r"^Epoch (\d+)\b")
-_KV = re.compile(r"([A-Za-z_][\w./-]*)\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_KV = re.compile(_NAME + r"\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 # "step 5", "Step 12/100", "global_step=300", "iter 40:", "iteration: 7", "[Iteration 9/10]".
 _KEYWORD = re.compile(
     r"(?<![\w.-])(?P<key>global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*\[?\s*"
@@ -97,10 +99,18 @@ _METRIC = re.compile(
     r"ppl|perplexity|grad[_ ]norm)\b\s*[:=]?\s*(?P<value>" + _NUMBER + ")",
     re.IGNORECASE,
 )
-_STARTING = re.compile(
-    r"rendezvous|init_process_group|initiali[sz]|Bootstrap|Downloading|warmup for|"
-    r"NCCL INFO|Waiting",
-    re.IGNORECASE,
+# Words of a job starting up, not training (lower case: an alternation of them searched
+# with IGNORECASE cost a fifth of a millisecond for a 1 KiB line).
+_STARTING = (
+    "rendezvous",
+    "init_process_group",
+    "initialis",
+    "initializ",
+    "bootstrap",
+    "downloading",
+    "warmup for",
+    "nccl info",
+    "waiting",
 )
 
 
@@ -144,6 +154,18 @@ def metrics_in(text: str) -> dict[str, float]:
         name = m.group("name").lower().replace(" ", "_")
         out.setdefault(name, float(m.group("value")))
     return out
+
+
+def _starting(text: str) -> bool:
+    low = text.lower()
+    return any(word in low for word in _STARTING)
+
+
+def _desc(text: str, end: int) -> str:
+    """A bar's description: the text before its numbers, without the ": " between."""
+    while end > 0 and (text[end - 1] == ":" or text[end - 1].isspace()):
+        end -= 1
+    return text[:end]
 
 
 @dataclass
@@ -196,7 +218,7 @@ class ProgressReader:
             found = self._read_bar(text)
             if found is not None:
                 return found
-        if self.source in (None, "keyword", "epoch") and not _STARTING.search(text):
+        if self.source in (None, "keyword", "epoch") and not _starting(text):
             return self._read_keyword(text)
         return None
 
@@ -230,14 +252,16 @@ class ProgressReader:
     # ------------------------------------------------------------ bars
 
     def _read_bar(self, text: str) -> Sighting | None:
-        m = _BAR.search(text) or _BAR_NO_TOTAL.search(text)
+        m = _BAR.search(text) if "%|" in text else None  # a test far cheaper than a search
+        if m is None and "it [" in text:
+            m = _BAR_NO_TOTAL.search(text)
         if m is None:
             return None
         inside = m.group("inside")
         parts = [p.strip() for p in inside.split(",")]
         if len(parts) > 1 and not _RATE_UNIT.search(parts[1]) and "?" not in parts[1]:
             return None  # "B/s", "MB/s", "ex/s": not steps
-        desc = m.group("desc").strip()
+        desc = _desc(text, m.start()).strip()
         lightning = _LIGHTNING_EPOCH.match(desc)
         if _SIDE_BAR.search(desc) and lightning is None:
             return None

@@ -7,10 +7,13 @@ only: the SDK commits and reads them inside the training process.
     <storage>/bad.json                         checkpoints the training code could not load
 
 A checkpoint is complete when its manifest is there and every file matches it. In a local
-or shared folder it is copied under a hidden name and renamed into place once complete;
-in an fsspec URL (s3://, gs://, memory://; needs `pip install fsspec`), where renames are
-copies, its files are uploaded first and the manifest last. Either way a crash at any
-moment leaves no checkpoint that `latest()` would offer half-written.
+or shared folder it is copied under a hidden name and renamed into place once complete
+(what a killed writer leaves there is swept by the next commit and by retention:
+`checkpoint_copy`); in an fsspec URL (s3://, gs://, memory://; needs `pip install
+fsspec`), where renames are copies, its files are uploaded first and the manifest last.
+Either way a crash at any moment leaves no checkpoint that `latest()` would offer
+half-written. Files reached through links (to files or folders) are copied and verified
+alike.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backends.storage_check import STORAGE_CHECK
+from trainguard.records import checkpoint_copy
+from trainguard.records.checkpoint_copy import Incoming, Listing
 
 MANIFEST = "trainguard-manifest.json"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
@@ -70,22 +75,23 @@ class _Local:
         base = self.root / rel
         return {str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()}
 
-    def upload(self, src: Path, name: str, manifest: bytes) -> bool:
-        """Copy under a hidden name, add the manifest, rename into place."""
+    def upload(self, files: Listing, name: str, manifest: bytes) -> bool:
+        """Copy under a hidden name (locked: `checkpoint_copy`), add the manifest, rename
+        into place."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".incoming-"))
-        try:
-            shutil.copytree(src, tmp, dirs_exist_ok=True)
-            (tmp / MANIFEST).write_bytes(manifest)
+        with Incoming(self.root) as tmp:
+            checkpoint_copy.copy(files, tmp.path)
+            (tmp.path / MANIFEST).write_bytes(manifest)
             try:
-                tmp.rename(self.root / name)
+                tmp.path.rename(self.root / name)
                 return True
             except OSError:
                 if (self.root / name).exists():
                     return False  # another writer took this number
                 raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def sweep(self) -> list[str]:
+        return checkpoint_copy.sweep(self.root)
 
     def local_copy(self, name: str) -> Path:
         return self.root / name
@@ -123,15 +129,19 @@ class _Remote:
         found = self.fs.find(base, detail=True)
         return {str(k)[len(base) + 1 :]: int(v["size"]) for k, v in found.items()}
 
-    def upload(self, src: Path, name: str, manifest: bytes) -> bool:
+    def upload(self, files: Listing, name: str, manifest: bytes) -> bool:
         """Files first, the manifest last: until it lands the checkpoint does not exist."""
         if name in self.names():
             return False
-        for p in sorted(src.rglob("*")):
-            if p.is_file():
-                self.fs.pipe_file(self._p(f"{name}/{p.relative_to(src)}"), p.read_bytes())
+        for rel, path in files.files.items():
+            self.fs.pipe_file(self._p(f"{name}/{rel}"), path.read_bytes())
         self.write(f"{name}/{MANIFEST}", manifest)
         return True
+
+    def sweep(self) -> list[str]:
+        """Nothing: an object store has no lock to tell a live upload from a dead one (an
+        upload's files without their manifest are not a checkpoint, and are skipped)."""
+        return []
 
     def local_copy(self, name: str) -> Path:
         """The checkpoint downloaded into a local cache folder (training code reads files)."""
@@ -241,16 +251,19 @@ def commit(
     if not src.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {src}")
     started_s = time.time()
+    found = checkpoint_copy.listing(src)
     files = {
-        str(p.relative_to(src)): {"size": p.stat().st_size, "sha256": _sha256(p.read_bytes())}
-        for p in sorted(src.rglob("*"))
-        if p.is_file()
+        rel: {"size": path.stat().st_size, "sha256": checkpoint_copy.sha256(path)}
+        for rel, path in found.files.items()
     }
     if not files:
         raise ValueError(f"checkpoint folder {src} holds no files: nothing to resume from")
     store = _store(storage)
+    store.sweep()  # what writers killed mid-copy left
     while True:  # two writers may race for a number: the one that lands first keeps it
-        last = max((e.index for e in entries(storage)), default=0)
+        # past any checkpoint folder, complete or not: an upload killed before its
+        # manifest leaves one that would take this number forever
+        last = max((int(m[1]) for n in store.names() if (m := _NAME.match(n))), default=0)
         name = f"checkpoint_{last + 1:06d}"
         manifest = {
             "step": step,
@@ -259,7 +272,7 @@ def commit(
             "at_s": time.time(),
             "commit_ms": (time.time() - started_s) * 1000,  # the cost of a checkpoint
         }
-        if store.upload(src, name, json.dumps(manifest, indent=1).encode()):
+        if store.upload(found, name, json.dumps(manifest, indent=1).encode()):
             return name
 
 
@@ -336,7 +349,8 @@ def to_keep(
 
 
 def apply_retention(storage: Storage, **policy: Any) -> list[str]:
-    """Write the index of what is kept, then delete the rest; returns what was deleted."""
+    """Write the index of what is kept, then delete the rest and the copies that killed
+    writers left; returns what was deleted."""
     found = entries(storage)
     kept = to_keep(found, **policy)
     store = _store(storage)
@@ -344,4 +358,4 @@ def apply_retention(storage: Storage, **policy: Any) -> list[str]:
     gone = [e.name for e in found if e.name not in kept]
     for name in gone:
         store.remove(name)
-    return gone
+    return gone + store.sweep()
