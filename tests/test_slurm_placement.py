@@ -89,8 +89,9 @@ def test_nodes_times_tasks_per_node_and_slurm_chosen_inside_an_allocation(
     assert spec.backend == "slurm" and spec.world_size == 6  # type: ignore[attr-defined]
     assert spec.slurm.nodes == 2 and spec.slurm.tasks_per_node == 3  # type: ignore[attr-defined]
     assert _spec(monkeypatch, "--nodes", "1", slurm_job=True).backend == "local"  # type: ignore[attr-defined]
-    assert _spec(monkeypatch, "--nodes", "2").backend == "local"  # type: ignore[attr-defined]
-    with pytest.raises(SpecError, match="--nodes: must be >= 1"):
+    with pytest.raises(SpecError, match="2 nodes need the slurm backend"):  # outside one
+        _spec(monkeypatch, "--nodes", "2")
+    with pytest.raises(SpecError, match="--nodes: must be 1 to "):
         _spec(monkeypatch, "--nodes", "0")
 
 

@@ -35,11 +35,19 @@ def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
 
 async def listens(host: str, port: int, timeout_s: float = 0.5) -> bool:
     """Whether something accepts a TCP connection at host:port now."""
+    return await connect_error(host, port, timeout_s) is None
+
+
+async def connect_error(
+    host: str, port: int, timeout_s: float = 0.5
+) -> OSError | TimeoutError | None:
+    """None if something accepts a TCP connection at host:port now, else what went wrong
+    (which may be this process's own: EMFILE, the probe never left this machine)."""
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, TimeoutError):
-        return False
+    except (OSError, TimeoutError) as exc:
+        return exc
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
-    return True
+    return None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -17,13 +19,15 @@ from trainguard.backends.api import Backend
 from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.mpi.backend import MpiBackend
-from trainguard.errors import ResumeError
+from trainguard.backends.preflight import backend_problem
+from trainguard.errors import ResumeError, SpecError
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import plan_replicas
 from trainguard.master.events import Outcome
 from trainguard.master.loop import Master
 from trainguard.notify.notifier import Notifier
-from trainguard.records.control import check_resumable
+from trainguard.policy.logtail import printable
+from trainguard.records.control import check_resumable, claim_master
 from trainguard.records.liveness import master_identity, reap_interrupted
 from trainguard.records.recorder import Recorder
 from trainguard.records.rows import JobRow
@@ -40,7 +44,7 @@ def new_job_id() -> str:
 def _say_to(stream: TextIO) -> Callable[[str], None]:
     def say(msg: str) -> None:
         try:
-            stream.write(f"trainguard: {msg}\n")
+            stream.write(f"trainguard: {printable(msg)}\n")
             stream.flush()
         except (OSError, ValueError):
             pass
@@ -61,6 +65,7 @@ def run_job(
     """Create the job, supervise it to a terminal state, and return its outcome.
 
     trainguard's own lines go to `say` if given, else to `status` (stderr)."""
+    refuse_unless_ready(spec)
     reap_interrupted(store)
     job_id = job_id or new_job_id()
     log_dir = store.home / "jobs" / job_id
@@ -92,6 +97,7 @@ def resume_job(
     check_resumable(job)
     state = JobState(job.state)
     spec = validate_spec(json.loads(job.spec_json))
+    refuse_unless_ready(spec)
     job_id = str(job.id)
     recorder = Recorder(store, job_id)
     restarts = len(store.restarts_of(job_id))
@@ -110,13 +116,34 @@ def run_admitted(job_id: str, store: Store, *, status: TextIO = sys.stderr) -> O
         raise ResumeError(f"job {job_id} is {job.state}, not admitted (PENDING)")
     spec = validate_spec(json.loads(job.spec_json))
     recorder = Recorder(store, job_id)
-    store.update_job(job_id, **master_identity())
+    # Once this pid is in the row a cancel signals it: blocked until the loop handles it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [sig for sig, _ in _CANCEL_SIGNALS])
+    held_cancel = claim_master(store, job_id)  # a cancel asked before we were up
     restarts = len(store.restarts_of(job_id))
     resume_after = (int(job.attempts), restarts) if job.attempts else None
     say = _say_to(status)
     say(f"job {job_id} ({spec.name}): admitted, attempt {job.attempts}")
     log_dir, cwd = Path(job.log_dir), job.cwd or os.getcwd()
-    return _master_run(job_id, spec, recorder, log_dir, cwd, None, say, resume_after)
+    return _master_run(job_id, spec, recorder, log_dir, cwd, None, say, resume_after, held_cancel)
+
+
+def refuse_unless_ready(spec: JobSpec) -> None:
+    """SpecError (one line, exit 2) where the spec's backend cannot run from here: before
+    anything is stored, so nothing is left INTERRUPTED or failed attempt after attempt."""
+    problem = backend_problem(spec.backend)
+    if problem is not None:
+        raise SpecError([problem])
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit: the master holds a few
+    descriptors per replica (its pipe, log file, pidfd), so 1,024 stops a job at ~340
+    ranks, and running out reads as anything but what it is. Returns (soft, hard) now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # Linux has no infinite hard limit of files: it is at most nr_open
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def _master_run(
@@ -128,31 +155,40 @@ def _master_run(
     tee: TextIO | None,
     say: Callable[[str], None],
     resume_after: tuple[int, int] | None,
+    cancel: str | None = None,
 ) -> Outcome:
     """This process becomes the job's master (local backend) until the job ends."""
+    raise_fd_limit()
     rules = [*spec.notifications, *_server_rules()]
     if rules:
         recorder.notifier = Notifier(rules, job_id=job_id, job_name=spec.name)
+    outside = OutsideCancels()
     master = Master(
         job_id=job_id,
         spec=spec,
-        backend=make_backend(spec, tee),
+        backend=make_backend(spec, tee, outside.ended),
         recorder=recorder,
         log_dir=log_dir,
         cwd=cwd,
         say=say,
         resume_after=resume_after,
     )
+    outside.cancel = master.cancel
+    if cancel is not None:
+        master.cancel(cancel)
     try:
-        return asyncio.run(_supervise(master))
+        return asyncio.run(_supervise(master, outside))
     finally:
         if recorder.notifier is not None:
             recorder.notifier.close(timeout_s=5.0)
 
 
-def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
+def make_backend(
+    spec: JobSpec, tee: TextIO | None, on_ended: Callable[[str], None] | None = None
+) -> Backend:
     """The spec's backend (local processes, actors on a Ray cluster, or steps of a Slurm
-    allocation), as the framework wants it (mpi: behind mpirun)."""
+    allocation), as the framework wants it (mpi: behind mpirun). `on_ended`: what Slurm
+    ending the allocation calls (under salloc no signal tells the master)."""
     backend: Backend
     if spec.backend == "ray":
         from trainguard.backends.ray.backend import RayBackend
@@ -163,7 +199,7 @@ def make_backend(spec: JobSpec, tee: TextIO | None) -> Backend:
     elif spec.backend == "slurm":
         from trainguard.backends.slurm.backend import SlurmBackend
 
-        backend = SlurmBackend(spec.slurm, tee=tee, replicas=spec.world_size)
+        backend = SlurmBackend(spec.slurm, tee=tee, replicas=spec.world_size, on_ended=on_ended)
     else:
         backend = LocalBackend(tee=tee, preload=spec.preload)
     if preset(spec.framework).launcher == "mpi":
@@ -179,13 +215,14 @@ def _server_rules() -> list[NotifyRule]:
     return [NotifyRule.model_validate(r) for r in json.loads(text)]
 
 
-async def _supervise(master: Master) -> Outcome:
+async def _supervise(master: Master, outside: OutsideCancels) -> Outcome:
     loop = asyncio.get_running_loop()
     slurm = master.spec.backend == "slurm"
     for sig, why in _CANCEL_SIGNALS:
         if slurm and sig == signal.SIGTERM:
             why = "SIGTERM from Slurm: scancel, a time limit or a preemption"
-        loop.add_signal_handler(sig, master.cancel, f"cancelled ({why})")
+        loop.add_signal_handler(sig, outside.signalled, f"cancelled ({why})")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig for sig, _ in _CANCEL_SIGNALS])
     notice = f"{signal.Signals(_NOTICE).name} to the master (sbatch --signal=B:USR1@SECONDS)"
     loop.add_signal_handler(_NOTICE, master.preemption_notice, notice)
     try:
@@ -194,6 +231,25 @@ async def _supervise(master: Master) -> Outcome:
     finally:
         for sig, _ in (*_CANCEL_SIGNALS, (_NOTICE, "")):
             loop.remove_signal_handler(sig)
+
+
+class OutsideCancels:
+    """Cancels from outside the job: a signal to the master (each one a cancel: a second
+    stops the replicas without grace), or Slurm ending the allocation, which cancels only
+    where no signal did first (under sbatch its SIGTERM comes with the end; under salloc
+    nothing does)."""
+
+    def __init__(self) -> None:
+        self.cancel: Callable[[str], None] = lambda _why: None  # the master's
+        self._signalled = False
+
+    def signalled(self, why: str) -> None:
+        self._signalled = True
+        self.cancel(why)
+
+    def ended(self, why: str) -> None:
+        if not self._signalled:
+            self.cancel(why)
 
 
 # Signals that cancel the job cleanly; a second one stops the replicas without grace.

@@ -16,6 +16,7 @@ __all__ = [
     "learned",
     "logcontext",
     "logtail",
+    "own_errors",
     "progress_text",
     "verdicts",
 ]

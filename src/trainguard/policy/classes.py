@@ -54,6 +54,7 @@ class ExitEvidence:
     returncode: int | None  # None when the command never started
     stop_requested: bool = False
     spawn_error: str | None = None
+    spawn_errno: int | None = None  # the OSError's errno when the start failed (EMFILE...)
     log_tail: tuple[str, ...] = ()
     oom_kills: int = 0  # new kernel OOM kills seen in our cgroup while it ran
     node_lost: str | None = None  # the node under it died: what the backend was told

@@ -5,7 +5,8 @@ class, whether a retry can help, which rule said so on which log line, and a
 fingerprint for counting "the same error". The evidence is weighed in this order:
 
 1. the exit itself: a clean exit, a stop the master asked for, a command that never
-   started;
+   started (an internal error where the master's machine ran out of descriptors or
+   processes: `own_errors`);
 2. the job's own retryable keywords, anywhere in the tail;
 3. a SIGKILL while the cgroup's OOM-kill counter rose: host OOM;
 4. the catalogue (signatures.yaml), first on the exception that closes the last
@@ -38,6 +39,7 @@ from trainguard.policy.fingerprint import fingerprint
 from trainguard.policy.learned import reconsider
 from trainguard.policy.logcontext import phase_of
 from trainguard.policy.logtail import exception_block
+from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.signals import decode_returncode, signal_name
 
 
@@ -49,6 +51,8 @@ def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classificatio
 
 def classify_by_rules(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """The rules' classification alone (what the learned model is trained to second)."""
+    if ev.returncode is None and ev.spawn_errno and is_own_resource_errno(ev.spawn_errno):
+        return own_spawn_failure(ev.replica, ev.spawn_errno)
     # A lost node is never the master's doing, even when a stop was on its way to it.
     if ev.node_lost is not None:
         return Classification(
@@ -129,6 +133,24 @@ def failed_before_stop(ev: ExitEvidence, rules: Rules | None = None) -> Classifi
     if not own.is_failure or own.cascade or own.matched_line is None:
         return None
     return replace(own, notes=(*own.notes, "it had failed on its own when the stop reached it"))
+
+
+def own_spawn_failure(replica: str, code: int) -> Classification:
+    """The master's machine ran out of something starting the replica (EMFILE, EAGAIN):
+    an internal error of this machine, retried as one; never the job's nor a node's."""
+    what = own_resource_text(code)
+    reason = f"the master could not start {replica}: {what}"
+    return Classification(
+        ExitKind.SPAWN_ERROR,
+        FailureClass.INTERNAL,
+        True,
+        "own-resources",
+        None,
+        None,
+        reason,
+        f"{INTERNAL_ERROR_MESSAGE} Termination reason: {reason}.",
+        fingerprint=fingerprint(f"internal:spawn:{what}"),
+    )
 
 
 def internal_failure(exc: BaseException) -> Classification:

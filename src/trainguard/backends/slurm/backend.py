@@ -6,11 +6,13 @@ by Slurm) and its exit status are a local process's, and the local backend super
 What this adds: the allocation's nodes and their health, placement, the rendezvous at the
 first node, the SDK channel on the address the nodes reach this host at, and node loss.
 
-A node is lost when its slurmd stops answering a connect (`cluster.answers`): a machine
+A node is lost when its slurmd stops answering a connect (`cluster.probe`): a machine
 that died or was cut off does not, long before Slurm marks it DOWN. Whenever a replica
 fails, every node of the attempt is probed first: a replica on a node that does not answer
 is reported lost (`node_lost`) before the failure that its death caused on the healthy
 nodes, and its node is kept out of later attempts (and drained, if the spec allows).
+A probe this machine cannot make (out of descriptors) loses no node, and a replica this
+machine could not start (EMFILE, EAGAIN) is no node's fault: it is not probed for.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from trainguard.backends.api import (
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.net import QUIET_PORTS, free_port
 from trainguard.backends.slurm import cluster
-from trainguard.backends.slurm.cluster import Allocation, Node, SlurmError
-from trainguard.backends.slurm.placement import place, srun_argv
+from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
+from trainguard.backends.slurm.placement import layout_env, place, srun_argv
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
+from trainguard.policy.own_errors import is_own_resource_errno
 from trainguard.spec.engines import SlurmOptions
 
 
@@ -52,8 +55,12 @@ class SlurmBackend:
         tee: TextIO | None = None,
         env: Mapping[str, str] | None = None,
         replicas: int = 1,
+        on_ended: Callable[[str], None] | None = None,
     ) -> None:
-        """`replicas`: how many the job has (the nodes it needs, at tasks_per_node)."""
+        """`replicas`: how many the job has (the nodes it needs, at tasks_per_node);
+        `on_ended`: told once, with why, when Slurm ends the allocation under the job
+        (the master's cancel: under salloc no signal says so)."""
+        self._end = cluster.AllocationEnd(on_ended or (lambda _why: None))
         self._opts = opts
         self._need = opts.nodes or -(-replicas // opts.tasks_per_node)
         self._env = env
@@ -67,6 +74,7 @@ class SlurmBackend:
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
         self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
+        self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
 
     # -------------------------------------------------------------- the seam
 
@@ -121,12 +129,19 @@ class SlurmBackend:
                 self._emit(ReplicaExited(la.attempt, la.replica, la.restart, None, ev, _now()))
             return
         steps = []
+        attempt = launches[0].attempt if launches else -1
+        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
+        self._launched.update({la.replica: la for la in launches})
+        self._where.update(placed)
+        layout = layout_env(self._launched, self._where)
         for la in launches:
             self._job_ids[la.replica] = la.env.get("TRAINGUARD_JOB_ID", "")
             node = placed[la.replica]
-            self._where[la.replica] = node
-            argv = srun_argv(la, node, alloc.job_id, list(self._excluded), self._opts.srun_args)
-            steps.append(replace(la, argv=tuple(argv)))
+            env, task_env = layout[la.replica]
+            argv = srun_argv(
+                la, node, alloc.job_id, list(self._excluded), self._opts.srun_args, task_env
+            )
+            steps.append(replace(la, argv=tuple(argv), env={**la.env, **env}))
         await self._inner.start(steps)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
@@ -232,15 +247,18 @@ class SlurmBackend:
         missing = [n for n in names if n not in self._nodes]
         if missing:
             raise SlurmError(f"scontrol knows no node {missing[0]} of the allocation")
-        alive = await self._probe([self._nodes[n] for n in names])
-        self._usable = [
-            n for n in names if n not in self._excluded and self._nodes[n].usable and alive[n]
-        ]
+        candidates = [n for n in names if n not in self._excluded and self._nodes[n].usable]
+        found = await self._probe([self._nodes[n] for n in candidates])
+        unknown = [(n, p) for n, p in found.items() if p.answer is Answer.UNKNOWN]
+        if unknown:  # an error of this machine (the master's), not of the allocation
+            node, p = unknown[0]
+            raise SlurmError(f"Slurm node {node}: {p.why}")
+        self._usable = [n for n in candidates if found[n].answer is Answer.ALIVE]
 
-    async def _probe(self, nodes: Sequence[Node]) -> dict[str, bool]:
+    async def _probe(self, nodes: Sequence[Node]) -> dict[str, Probe]:
         timeout = self._opts.probe_timeout_s
-        found = await asyncio.gather(*(cluster.answers(n, timeout) for n in nodes))
-        return {n.name: ok for n, ok in zip(nodes, found, strict=True)}
+        found = await asyncio.gather(*(cluster.probe(n, timeout) for n in nodes))
+        return dict(zip((n.name for n in nodes), found, strict=True))
 
     def _why_excluded(self) -> str:
         if not self._excluded:
@@ -262,17 +280,23 @@ class SlurmBackend:
         if failed is not None:  # srun exits 0 when the node under its task dies
             lost = replace(ev.evidence, returncode=None, node_lost=self._lost_text(failed))
             ev = replace(ev, evidence=lost)
-        if ev.evidence.stop_requested or ev.evidence.returncode == 0:
+        if ev.evidence.stop_requested or ev.evidence.returncode == 0 or _own_fault(ev):
             self._emit(ev)
             return
         self._keep(asyncio.ensure_future(self._failed(ev)))
 
     async def _failed(self, ev: ReplicaExited) -> None:
-        """A replica failed: first any replica whose node no longer answers is lost."""
+        """A replica failed: first, whether the allocation itself ended (scancel of an
+        salloc, its time limit): then the master is told (a cancel, ahead of this exit,
+        which charges nothing); else any replica whose node no longer answers is lost."""
+        alloc = self._alloc
+        if alloc is not None and await self._end.ended(alloc.job_id):
+            self._emit(ev)
+            return
         where = dict(self._where)
         nodes = {n: self._nodes[n] for n in set(where.values()) if n in self._nodes}
-        alive = await self._probe(list(nodes.values()))
-        dead = {n for n, ok in alive.items() if not ok}
+        found = await self._probe(list(nodes.values()))
+        dead = {n for n, p in found.items() if p.answer is Answer.LOST}  # not UNKNOWN
         for replica, node in where.items():
             run = self._inner.current_run(replica)
             if node not in dead or run is None or replica == ev.replica:
@@ -346,6 +370,12 @@ def node_failure(tail: Sequence[str]) -> str | None:
         if m:
             return m.group(1)
     return None
+
+
+def _own_fault(ev: ReplicaExited) -> bool:
+    """This machine could not start the replica's srun (out of descriptors or processes):
+    no node is to blame, so none is probed for it."""
+    return ev.evidence.returncode is None and is_own_resource_errno(ev.evidence.spawn_errno)
 
 
 def _now() -> float:

@@ -1,6 +1,7 @@
 """What the allocation is made of, asked of Slurm (`scontrol`), and whether a node answers.
 
-The parsers are pure; the calls run Slurm's own client commands, as a user would.
+The parsers and the reading of a probe are pure; the calls run Slurm's own client
+commands, as a user would.
 """
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from trainguard.backends.net import listens
+from trainguard.backends.net import connect_error
+from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
 
 SLURMD_PORT = 6818
 """slurmd's port unless slurm.conf says otherwise (`SlurmdPort`)."""
@@ -88,6 +91,8 @@ async def run_slurm(argv: Sequence[str], timeout_s: float = 30.0) -> str:
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} is not on PATH: is Slurm's client installed?") from None
+    except OSError as exc:  # this machine's own (EMFILE, EAGAIN): the command never ran
+        raise SlurmError(f"{argv[0]} could not be started here: {exc.strerror or exc}") from None
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
@@ -115,10 +120,98 @@ async def nodes(names: Sequence[str]) -> dict[str, Node]:
     return {n.name: n for n in found if n is not None and n.name in names}
 
 
-async def answers(node: Node, timeout_s: float) -> bool:
+class Answer(StrEnum):
+    ALIVE = "alive"  # its slurmd accepted a connection
+    LOST = "lost"  # refused, unreachable, or no answer in time
+    UNKNOWN = "unknown"  # the probe could not run here (this machine is out of descriptors)
+
+
+@dataclass(frozen=True)
+class Probe:
+    answer: Answer
+    why: str = ""  # for LOST and UNKNOWN: what happened
+
+
+def read_probe(error: OSError | None) -> Probe:
+    """What a connect to a node's slurmd says of the node. An error of this machine's own
+    resources (EMFILE, ENFILE, EAGAIN...) says nothing of the node: the probe could not run,
+    which is never read as "lost" (a master out of descriptors would lose every node)."""
+    if error is None:
+        return Probe(Answer.ALIVE)
+    if isinstance(error, TimeoutError):
+        return Probe(Answer.LOST, "no answer in time")
+    code = error.errno
+    if code is not None and is_own_resource_errno(code):
+        return Probe(Answer.UNKNOWN, f"the probe could not run here: {own_resource_text(code)}")
+    return Probe(Answer.LOST, error.strerror or str(error))
+
+
+async def probe(node: Node, timeout_s: float) -> Probe:
     """Whether the node's slurmd accepts a connection: a machine that died or was cut
     off does not, long before Slurm marks it down."""
-    return await listens(node.addr, node.port, timeout_s)
+    return read_probe(await connect_error(node.addr, node.port, timeout_s))
+
+
+_ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "COMPLETING",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "TIMEOUT",
+    }
+)
+
+
+def ended_state(show_job: str) -> str | None:
+    """The JobState of `scontrol -o show job` where it says the allocation is over
+    (CANCELLED, TIMEOUT...), else None (running, or nothing to read)."""
+    for word in show_job.split():
+        key, _, value = word.partition("=")
+        if key == "JobState":
+            return value if value.upper() in _ENDED_STATES else None
+    return None
+
+
+async def allocation_end(job_id: str) -> str | None:
+    """How Slurm ended the allocation (its JobState, or "gone" once it forgot the job), or
+    None while it runs or where Slurm cannot say (slurmctld unreachable)."""
+    try:
+        text = await run_slurm(["scontrol", "-o", "show", "job", job_id])
+    except SlurmError as exc:
+        return "gone" if "Invalid job id" in str(exc) else None
+    return ended_state(text)
+
+
+class AllocationEnd:
+    """Whether Slurm ended the allocation (scancel, its time limit), asked when a replica
+    fails. One `scontrol show job` answers every failure that asks while it runs, and
+    `on_ended` is told once, with why: under salloc no signal tells the master."""
+
+    def __init__(self, on_ended: Callable[[str], None]) -> None:
+        self._on_ended = on_ended
+        self.state: str | None = None  # how it ended, once seen
+        self._query: asyncio.Future[str | None] | None = None
+
+    async def ended(self, job_id: str) -> bool:
+        if self.state is None:
+            if self._query is None:
+                self._query = asyncio.ensure_future(allocation_end(job_id))
+            query = self._query
+            state = await query
+            if self._query is query:
+                self._query = None
+            if state is not None and self.state is None:
+                self.state = state
+                why = "scancel, a time limit or a preemption"
+                self._on_ended(f"cancelled (Slurm ended allocation {job_id}: {state}; {why})")
+        return self.state is not None
 
 
 async def drain(node: str, reason: str) -> str | None:
