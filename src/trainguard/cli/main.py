@@ -31,23 +31,25 @@ from trainguard.cli.readers import (
 )
 from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
+from trainguard.policy.logtail import printable
 from trainguard.records.engine import default_home
 from trainguard.records.liveness import reap_interrupted
 from trainguard.records.queries import Reader, StoreReader
 from trainguard.records.rows import JobRow
 from trainguard.records.store import Store
+from trainguard.spec.text import not_utf8_problem
 from trainguard.states import JobState
 
 if TYPE_CHECKING:
     from trainguard.cli.client import Client
     from trainguard.cli.live import LiveRun
     from trainguard.master.events import Outcome
+    from trainguard.spec.models import JobSpec
 
 
-def cmd_run(args: argparse.Namespace, store: Store, command: list[str]) -> int:
+def cmd_run(args: argparse.Namespace, store: Store, spec: JobSpec) -> int:
     from trainguard.master.runner import new_job_id, resume_job, run_job
 
-    spec = build_spec(args, command)
     job = _resumable(store, spec.name) if args.resume else None
     with _terminal(args, store) as live:
         tee = None if args.quiet else sys.stdout  # under the panel: its redirection
@@ -118,12 +120,12 @@ def _report(job_id: str, outcome: Outcome) -> int:
         return 0
     print(f"trainguard: job {job_id} {state.value}", file=err)
     if outcome.error_message:
-        print(f"trainguard: {outcome.error_message}", file=err)
+        print(f"trainguard: {printable(outcome.error_message)}", file=err)
     if outcome.failure is not None and outcome.failure.log_tail:
         f = outcome.failure
         print(f"trainguard: last lines of {f.replica}'s log (attempt {f.attempt}):", file=err)
         for line in f.log_tail[-20:]:
-            print(f"    {line}", file=err)
+            print(f"    {printable(line)}", file=err)
     return EXIT_CANCELLED if state is JobState.CANCELLED else EXIT_FAILED
 
 
@@ -163,8 +165,7 @@ def cmd_remote_cancel(args: argparse.Namespace, client: Client) -> int:
     return 0 if state.is_terminal else EXIT_FAILED
 
 
-def cmd_submit(args: argparse.Namespace, client: Client, command: list[str]) -> int:
-    spec = build_spec(args, command)
+def cmd_submit(args: argparse.Namespace, client: Client, spec: JobSpec) -> int:
     data = spec.model_dump(mode="json")
     answer = client.submit(data, os.getcwd())
     if args.json:
@@ -209,8 +210,9 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
                 ]
             )
     if not url:
+        _token(args)  # a --token-file that cannot be read is named, server or not
         return None
-    return Client(url, _token(args) or _home_token_for(url, home))
+    return Client(url, _token(args), home_token=_home_token_for(url, home))
 
 
 def _home_server_url(home: Path) -> str | None:
@@ -255,6 +257,25 @@ def _token(args: argparse.Namespace) -> str | None:
     return token
 
 
+_TEXT_ARGS = {
+    "job": "job",
+    "replica": "--replica",
+    "server": "--server",
+    "token": "--token",
+    "host": "--host",
+}
+"""Arguments that reach the store or the network as text (paths may hold any bytes)."""
+
+
+def _utf8_args(args: argparse.Namespace) -> None:
+    """A job id, a replica, a URL with an undecodable byte: one line, not a traceback."""
+    for dest, flag in _TEXT_ARGS.items():
+        value = getattr(args, dest, None)
+        line = not_utf8_problem(flag, value) if isinstance(value, str) else None
+        if line:
+            raise SpecError([line])
+
+
 _READERS: dict[str, Callable[[argparse.Namespace, Reader], int]] = {
     "jobs": cmd_jobs,
     "status": cmd_status,
@@ -266,10 +287,10 @@ _READERS: dict[str, Callable[[argparse.Namespace, Reader], int]] = {
 }
 
 
-def _remote(args: argparse.Namespace, client: Client, command: list[str]) -> int:
+def _remote(args: argparse.Namespace, client: Client, spec: JobSpec | None) -> int:
     """A command against a server (`--server`, $TRAINGUARD_SERVER, or submit's own)."""
-    if args.cmd == "submit":
-        return cmd_submit(args, client, command)
+    if args.cmd == "submit" and spec is not None:
+        return cmd_submit(args, client, spec)
     if args.cmd == "cancel":
         return cmd_remote_cancel(args, client)
     if args.cmd == "resume":
@@ -279,10 +300,10 @@ def _remote(args: argparse.Namespace, client: Client, command: list[str]) -> int
     return _READERS[args.cmd](args, client)
 
 
-def _local(args: argparse.Namespace, store: Store, command: list[str]) -> int:
+def _local(args: argparse.Namespace, store: Store, spec: JobSpec | None) -> int:
     """A command against this machine's store."""
-    if args.cmd == "run":
-        return cmd_run(args, store, command)
+    if args.cmd == "run" and spec is not None:
+        return cmd_run(args, store, spec)
     if args.cmd == "_master":
         return cmd_master(args, store)
     reap_interrupted(store)
@@ -298,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     head, command = split_command(argv)
     try:
         args = build_parser().parse_args(head)
+        _utf8_args(args)
         home = Path(args.home).resolve() if args.home else None
         if args.cmd == "classify":
             return cmd_classify(args)
@@ -306,14 +328,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "server":
             return cmd_server(args)
+        spec = None  # a job's spec is checked before anything is stored or sent
         if args.cmd in ("run", "submit"):
-            command = command or [c for c in args.command if c != "--"]
+            spec = build_spec(args, command or [c for c in args.command if c != "--"])
         elif command:
             raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
         client = _client(args, home)
         if client is not None:
-            return _remote(args, client, command)
-        return _local(args, Store(home, args.db), command)
+            return _remote(args, client, spec)
+        return _local(args, Store(home, args.db), spec)
     except SpecError as exc:
         for line in exc.problems:
             print(f"trainguard: {line}", file=sys.stderr)

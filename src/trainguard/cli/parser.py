@@ -56,6 +56,23 @@ def _count(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def _exit_status(text: str) -> int:
+    """An argparse type: an exit status as a shell shows it (0 to 255), else one line."""
+    try:
+        value = int(text)
+    except ValueError:
+        if text.strip().lstrip("-").isdecimal():  # past int()'s 4300 digits
+            raise argparse.ArgumentTypeError(f"must be from 0 to 255, got {text[:40]}...") from None
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text[:40]!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be from 0 to 255, got {value}: a death by signal N is --signal N"
+        )
+    if value > 255:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 255, got {text[:40]}")
+    return value
+
+
 _MANY = 10**9  # more lines, jobs or attempts than any store holds
 
 
@@ -180,8 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
     cl.add_argument("log", type=Path, help="a replica's log file")
-    cl.add_argument("--exit-code", help="the exit status (default 1); 139 means SIGSEGV")
-    cl.add_argument("--signal", help="or the signal that killed it, e.g. SIGKILL")
+    died = cl.add_mutually_exclusive_group()
+    died.add_argument(
+        "--exit-code",
+        type=_exit_status,
+        help="the exit status, 0 to 255 (default 1); 139 means SIGSEGV",
+    )
+    died.add_argument("--signal", help="or the signal that killed it, e.g. SIGKILL")
     cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
     cl.add_argument("--json", action="store_true")
 

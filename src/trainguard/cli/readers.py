@@ -18,6 +18,7 @@ from trainguard.cli.render import (
     status_renderable,
     to_text,
 )
+from trainguard.errors import SpecError
 from trainguard.records.explain import (
     classify_file,
     print_aggregate,
@@ -25,6 +26,7 @@ from trainguard.records.explain import (
     print_explain,
 )
 from trainguard.records.queries import Reader
+from trainguard.spec.limits import pattern_problems
 from trainguard.states import JobState
 
 if TYPE_CHECKING:
@@ -104,7 +106,11 @@ def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    c = classify_file(args.log, args.exit_code, args.signal, args.retryable_error)
+    problems = pattern_problems(args.retryable_error, "--retryable-error")
+    if problems:
+        raise SpecError(problems)
+    code = None if args.exit_code is None else str(args.exit_code)
+    c = classify_file(args.log, code, args.signal, args.retryable_error)
     print_classification(c, args.json)
     return 0
 

@@ -17,6 +17,7 @@ from trainguard.spec.aimaster_flags import parse_ft_args
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.limits import MAX_REPLICAS
 from trainguard.spec.models import JobSpec, load_spec_file, preload_names, validate_spec
+from trainguard.spec.text import shown
 
 # CLI flag -> fault_tolerance field (one to one; None = the flag's own name).
 _FT_FLAGS = {
@@ -215,12 +216,9 @@ def _torchft_groups(data: dict[str, Any], args: argparse.Namespace) -> int | str
         ("--groups", args.groups or args.nproc),
         ("--nproc-per-group", args.nproc_per_group),
     ):
-        try:
-            n = int(value) if value is not None else 1
-        except ValueError:
-            return f"{flag}: must be a whole number, got {value!r}"
-        if not 1 <= n <= MAX_REPLICAS:
-            return f"{flag}: must be 1 to {MAX_REPLICAS}, got {n}"
+        n = _whole(flag, value if value is not None else 1)
+        if isinstance(n, str):
+            return n
         counts.append(n)
     groups, per = counts
     if args.nproc_per_group is not None:
@@ -238,7 +236,7 @@ def _env(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            problems.append(f"--env: must be KEY=VALUE, got {item!r}")
+            problems.append(f"--env: must be KEY=VALUE, got {shown(item)}")
         extra[key] = value
     data["worker_pools"] = [
         {**p, "env": {**p.get("env", {}), **extra}} if isinstance(p, dict) else p
@@ -279,7 +277,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     if args.initial_checkpoint is not None:
         path = Path(args.initial_checkpoint)
         if not path.is_dir():
-            raise SpecError([f"--from-checkpoint: not a folder: {args.initial_checkpoint!r}"])
+            raise SpecError([f"--from-checkpoint: not a folder: {shown(args.initial_checkpoint)}"])
         data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
         data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
@@ -312,12 +310,14 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def _whole(flag: str, value: object) -> int | str:
-    """A count >= 1 from a flag, or what is wrong with it."""
-    try:
-        n = int(str(value))
-    except ValueError:
-        return f"{flag}: must be a whole number, got {value!r}"
-    return n if n >= 1 else f"{flag}: must be >= 1, got {value!r}"
+    """A count from 1 to MAX_REPLICAS from a flag, or what is wrong with it."""
+    text = str(value).strip()
+    if not text.lstrip("-").isdecimal():
+        return f"{flag}: must be a whole number, got {shown(text)}"
+    n = int(text) if len(text) <= 20 else MAX_REPLICAS + 1  # int() refuses 4300 digits
+    if not 1 <= n <= MAX_REPLICAS:
+        return f"{flag}: must be 1 to {MAX_REPLICAS}, got {shown(text)}"
+    return n
 
 
 def _many_nodes(data: dict[str, Any]) -> bool:
@@ -352,13 +352,27 @@ def _name_the_flag(line: str, args: argparse.Namespace) -> str:
     flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})
     flags["preload"] = "--preload"
     flags["progress.pattern"] = "--progress-pattern"
+    flags["slurm.nodes"] = "--nodes"
     field = line.split(":", 1)[0]
-    if field.startswith("fault_injection") and getattr(args, "fault_injection", None):
-        return f"{line} (from --inject)"
+    for prefix, dest, flag in (
+        ("fault_injection", "fault_injection", "--inject"),
+        ("fault_tolerance.retryable_errors", "retryable_errors", "--retryable-error"),
+    ):
+        if field.startswith(prefix) and getattr(args, dest, None):
+            return f"{line} (from {flag})"
+    if ".env" in field and _from_env_flag(field, line, args.env):
+        return f"{line} (from --env)"
     dest = {"progress.pattern": "progress_pattern"}.get(field, field.rsplit(".", 1)[-1])
     if field in flags and getattr(args, dest, None) is not None:
         return f"{line} (from {flags[field]})"
     return line
+
+
+def _from_env_flag(field: str, line: str, items: list[str]) -> bool:
+    """True if the variable a problem names (`worker_pools[0].env.KEY`, or the key quoted
+    in the line) was given with `--env`."""
+    keys = {item.partition("=")[0] for item in items}
+    return any(field.endswith(f".env.{k}") or f"key {k!r}" in line for k in keys)
 
 
 def _default_name(command: list[str]) -> str:

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import re2  # type: ignore[import-untyped]
 import yaml
 
+from trainguard.spec.text import replace_non_utf8
+
 _CLASSES = frozenset(
     {
         "user_error",
@@ -118,7 +120,11 @@ def builtin_catalogue() -> tuple[Signature, ...]:
 
 def compile_user_pattern(text: str) -> Matcher:
     """A user's regex in RE2 (case-insensitive); what RE2 cannot parse (a backreference,
-    a lookahead, a stray bracket) is matched as the plain keyword it then most likely is."""
+    a lookahead, a stray bracket) is matched as the plain keyword it then most likely is.
+
+    RE2 takes UTF-8 only: a lone surrogate (an undecodable byte, as Python spells it; the
+    SDK's JSON can carry one) becomes U+FFFD, as that byte reads in a log decoded here."""
+    text = replace_non_utf8(text)
     options = re2.Options()
     options.case_sensitive = False
     options.log_errors = False  # RE2 would print to stderr
@@ -130,9 +136,12 @@ def compile_user_pattern(text: str) -> Matcher:
 
 
 def user_signatures(keywords: tuple[str, ...], source: str) -> tuple[Signature, ...]:
-    """A job's own retryable keywords (regexes), as signatures checked before the catalogue."""
+    """A job's own retryable keywords (regexes), as signatures checked before the catalogue.
+    A blank one (the SDK does not refuse it; a spec does) would match every line: skipped."""
     out = []
     for i, kw in enumerate(keywords):
+        if not kw.strip():
+            continue
         pattern = compile_user_pattern(kw)
         out.append(
             Signature(

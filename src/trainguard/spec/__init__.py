@@ -1,11 +1,13 @@
 """The job spec: validated models, their limits, validation problems as lines, the bounded
-YAML reader, the AIMaster flag parser and the injection and notification rules as
-configuration. Imports only `errors`.
+YAML reader and tail reader, text checks (UTF-8, values cut short for messages), the
+AIMaster flag parser and the injection and notification rules as configuration. Imports
+only `errors`.
 """
 
 __all__ = [
     "aimaster_flags",
     "base",
+    "bounded_read",
     "engines",
     "frameworks",
     "injection",
@@ -15,5 +17,7 @@ __all__ = [
     "problems",
     "progress",
     "safe_yaml",
+    "sections",
     "sizes",
+    "text",
 ]

@@ -10,6 +10,7 @@ import shlex
 from typing import Any
 
 from trainguard.errors import SpecError
+from trainguard.spec.text import shown
 
 # AIMaster flag -> FaultTolerance field. Adding a flag is one line here.
 FLAGS: dict[str, str] = {
@@ -35,7 +36,7 @@ def _bool(flag: str, value: str) -> bool:
         return True
     if low in ("false", "0", "no", "off"):
         return False
-    raise SpecError([f"--ft-args --{flag}: must be True or False, got {value!r}"])
+    raise SpecError([f"--ft-args --{flag}: must be True or False, got {shown(value)}"])
 
 
 def parse_ft_args(text: str) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def parse_ft_args(text: str) -> dict[str, Any]:
     try:
         tokens = shlex.split(text)
     except ValueError as exc:
-        raise SpecError([f"--ft-args: cannot split {text!r} ({exc})"]) from None
+        raise SpecError([f"--ft-args: cannot split {shown(text)} ({exc})"]) from None
     out: dict[str, Any] = {}
     problems: list[str] = []
     i = 0
@@ -51,7 +52,7 @@ def parse_ft_args(text: str) -> dict[str, Any]:
         token = tokens[i]
         i += 1
         if not token.startswith("--"):
-            problems.append(f"--ft-args: expected --name=value, got {token!r}")
+            problems.append(f"--ft-args: expected --name=value, got {shown(token)}")
             continue
         name, sep, value = token[2:].partition("=")
         if not sep:

@@ -3,12 +3,19 @@ allocation, torchft's replica groups (the `ray:`, `slurm:` and `torchft:` sectio
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from trainguard.spec.base import SpecModel
 from trainguard.spec.limits import MAX_LIMIT, MAX_REPLICAS, MAX_SECONDS, Limit
+from trainguard.spec.text import shown
+
+_HOST = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)"
+_RAY_ADDRESS = re.compile(
+    rf"^(auto|local|{_HOST}:(?P<port>\d{{1,5}})|ray://{_HOST}(:(?P<client>\d{{1,5}}))?)$"
+)
 
 
 class RayOptions(SpecModel):
@@ -22,13 +29,26 @@ class RayOptions(SpecModel):
     # the network stays "alive" in Ray's eyes for ~30 s (its default health check).
     node_timeout_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
 
+    @field_validator("address")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        """What `ray.init` takes; anything else failed inside the master, attempt after
+        attempt, as an internal error."""
+        m = _RAY_ADDRESS.match(value)
+        port = m and (m["port"] or m["client"])
+        if m is None or (port and not 0 < int(port) < 65536):
+            raise ValueError(
+                f"must be auto, local, HOST:PORT or ray://HOST:PORT, got {shown(value)}"
+            )
+        return value
+
     @field_validator("driver_ip")
     @classmethod
     def _one_address(cls, value: str | None) -> str | None:
         """The SDK channel listens there: an address replicas dial, never all interfaces."""
         if value is not None and value.strip("[]") in ("0.0.0.0", "::", ""):
             raise ValueError(
-                f"{value!r} is every interface: name the master's own address in the cluster"
+                f"{shown(value)} is every interface: name the master's own address in the cluster"
             )
         return value
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainguard.signals import parse_signal, signal_name
+from trainguard.spec.text import shown
 
 _SPEC = re.compile(
     r"^(?P<action>signal|stop|master|exit)"
@@ -62,22 +63,22 @@ def parse_injection(text: str) -> Injection:
     if m is None:
         raise ValueError(
             f"must look like signal:worker-1:SIGKILL@20s, stop:worker-0@step=50 or master@30s, "
-            f"got {text!r}"
+            f"got {shown(text)}"
         )
     if m["after"] and float(m["after"]) > _LATEST_S:
-        raise ValueError(f"an injection time is at most {_LATEST_S} s, got {text!r}")
+        raise ValueError(f"an injection time is at most {_LATEST_S} s, got {shown(text)}")
     if m["attempt"] and int(m["attempt"]) > _LAST_STEP:
-        raise ValueError(f"an injection attempt is at most {_LAST_STEP}, got {text!r}")
+        raise ValueError(f"an injection attempt is at most {_LAST_STEP}, got {shown(text)}")
     if m["step"] and int(m["step"]) > _LAST_STEP:
-        raise ValueError(f"an injection step is at most {_LAST_STEP}, got {text!r}")
+        raise ValueError(f"an injection step is at most {_LAST_STEP}, got {shown(text)}")
     action = m["action"]
     if action == "exit":
         if not (m["replica"] and m["signal"] and m["signal"].isdigit()):
             raise ValueError(
-                f"exit needs a replica and a status, e.g. exit:worker-1:3@5s, got {text!r}"
+                f"exit needs a replica and a status, e.g. exit:worker-1:3@5s, got {shown(text)}"
             )
         if not 0 <= int(m["signal"]) <= 255:
-            raise ValueError(f"an exit status is 0 to 255, got {m['signal']} in {text!r}")
+            raise ValueError(f"an exit status is 0 to 255, got {m['signal']} in {shown(text)}")
         return Injection(
             "exit",
             m["replica"],
@@ -89,18 +90,18 @@ def parse_injection(text: str) -> Injection:
             code=int(m["signal"]),
         )
     if action in ("signal", "stop") and not m["replica"]:
-        raise ValueError(f"{action} needs a replica, e.g. {action}:worker-1, got {text!r}")
+        raise ValueError(f"{action} needs a replica, e.g. {action}:worker-1, got {shown(text)}")
     if action == "master" and (m["replica"] or m["signal"]):
-        raise ValueError(f"master takes no replica or signal, got {text!r}")
+        raise ValueError(f"master takes no replica or signal, got {shown(text)}")
     sig: int | None = None
     if action == "signal":
         if not m["signal"]:
             raise ValueError(
-                f"signal needs a signal, e.g. signal:worker-1:SIGKILL@5s, got {text!r}"
+                f"signal needs a signal, e.g. signal:worker-1:SIGKILL@5s, got {shown(text)}"
             )
         sig = parse_signal(m["signal"])
     elif m["signal"]:
-        raise ValueError(f"{action} takes no signal, got {text!r}")
+        raise ValueError(f"{action} takes no signal, got {shown(text)}")
     return Injection(
         action=action,  # type: ignore[arg-type]
         replica=m["replica"],

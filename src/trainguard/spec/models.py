@@ -25,17 +25,20 @@ from trainguard.spec.engines import RayOptions, SlurmOptions, TorchftOptions
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.injection import parse_injection
 from trainguard.spec.limits import (
-    MAX_LIMIT,
     MAX_REPLICAS,
     MAX_SECONDS,
     MIN_WATCH_S,
     UNLIMITED,
     Limit,
+    pattern_problems,
 )
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.spec.problems import validation_problems
 from trainguard.spec.progress import ProgressOptions
 from trainguard.spec.safe_yaml import YamlProblem, parse_bounded, read_bounded
+from trainguard.spec.sections import CheckpointPolicy as CheckpointPolicy
+from trainguard.spec.sections import QueuePolicy as QueuePolicy
+from trainguard.spec.text import non_utf8_problems, shown
 
 
 def _case_insensitive(enum: type[StrEnum]) -> Any:
@@ -77,7 +80,9 @@ class Resources(SpecModel):
     @model_validator(mode="after")
     def _check_memory(self) -> Resources:
         if self.memory is not None and not _MEMORY.match(self.memory):
-            raise ValueError(f"memory: must be a size such as 4Gi or 512M, got {self.memory!r}")
+            raise ValueError(
+                f"memory: must be a size such as 4Gi or 512M, got {shown(self.memory)}"
+            )
         return self
 
 
@@ -102,7 +107,7 @@ class WorkerPool(SpecModel):
         for key, value in self.env.items():
             if not key or "=" in key or "\x00" in key:
                 raise ValueError(
-                    f"env: {key!r} is not a variable name (empty, or with '=' or a NUL byte)"
+                    f"env: {shown(key)} is not a variable name (empty, or with '=' or a NUL byte)"
                 )
             if "\x00" in value:
                 raise ValueError(f"env.{key}: holds a NUL byte, which no process can receive")
@@ -151,6 +156,13 @@ class FaultTolerance(SpecModel):
     job_exit_hang_interval: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
     enable_c4d_hang_detection: bool = False
 
+    @model_validator(mode="after")
+    def _bounded_patterns(self) -> FaultTolerance:
+        problems = pattern_problems(self.retryable_errors, "retryable_errors")
+        if problems:
+            raise ValueError(problems[0])  # each names its item: the first says enough
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _rate_off(cls, data: Any) -> Any:
@@ -160,49 +172,11 @@ class FaultTolerance(SpecModel):
         return data
 
 
-class CheckpointPolicy(SpecModel):
-    """Where `sdk.report(..., checkpoint=dir)` commits, and what retention keeps."""
-
-    storage: str | None = None  # a folder or an fsspec URL; default: <job folder>/checkpoints
-    # A new job that starts from a given checkpoint folder: it is committed as the first
-    # checkpoint of this job, so get_checkpoint() offers it (`--from-checkpoint PATH`).
-    initial: str | None = None
-    keep_last: int = Field(default=3, ge=1, le=MAX_LIMIT)
-    keep_best: int = Field(default=0, ge=0, le=MAX_LIMIT)
-    score_attribute: str | None = None
-    score_order: Literal["max", "min"] = "max"
-    # sdk.snapshot(state, step) keeps state in memory; every N-th step that all ranks hold
-    # is also copied here, in the background, as a checkpoint (0: never).
-    snapshot_persist_every: int = Field(default=20, ge=0, le=MAX_LIMIT)
-
-
 def preload_names(value: object) -> list[str]:
     """`torch, numpy` (or a list, or one value) as names, blanks dropped."""
     items = value.split(",") if isinstance(value, str) else value
     items = items if isinstance(items, list) else [items]
     return [n for n in (str(m).strip() for m in items) if n]
-
-
-class QueuePolicy(SpecModel):
-    """How a job waits for the server's quota (R-REC-3)."""
-
-    priority: int = Field(default=0, ge=-1000, le=1000)  # higher runs first; FIFO within
-    max_wait_s: float | None = Field(
-        default=None, gt=0, le=MAX_SECONDS
-    )  # then EXPIRED; None: wait forever
-    # A request larger than the whole quota, or a capacity failure at start, waits for
-    # capacity instead of failing the job (Vertex's flex-start idea).
-    wait_for_capacity: bool = False
-    # While waiting for capacity, the master tries a new attempt this often.
-    capacity_retry_s: float = Field(default=30.0, gt=0, le=3600)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_name(cls, data: Any) -> Any:
-        # `max_wait` (the issue's spelling) is `max_wait_s`: seconds either way.
-        if isinstance(data, dict) and "max_wait" in data and "max_wait_s" not in data:
-            data = {k if k != "max_wait" else "max_wait_s": v for k, v in data.items()}
-        return data
 
 
 class JobSpec(SpecModel):
@@ -245,6 +219,14 @@ class JobSpec(SpecModel):
             raise ValueError("'none' turns warm start off: it cannot be listed with modules")
         return value
 
+    @field_validator("gpu_inventory")
+    @classmethod
+    def _gpus_once(cls, value: list[int] | None) -> list[int] | None:
+        twice = sorted({g for g in value or [] if (value or []).count(g) > 1})
+        if twice:
+            raise ValueError(f"GPU {twice[0]} is listed twice: each GPU is handed out once")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _framework_defaults(cls, data: Any) -> Any:
@@ -273,7 +255,7 @@ class JobSpec(SpecModel):
         if value not in RULES:
             names = [repr(n) for n in RULES]
             raise ValueError(
-                f"must be one of {', '.join(names[:-1])} or {names[-1]}, got {value!r}"
+                f"must be one of {', '.join(names[:-1])} or {names[-1]}, got {shown(value)}"
             )
         return value
 
@@ -303,6 +285,17 @@ class JobSpec(SpecModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _nodes_need_slurm(self) -> JobSpec:
+        """Only a Slurm allocation spreads replicas over `nodes`: elsewhere they are ignored."""
+        nodes = self.slurm.nodes
+        if self.backend == "local" and nodes is not None and nodes > 1:
+            raise ValueError(
+                f"slurm.nodes: {nodes} nodes need the slurm backend (inside an allocation); "
+                "the local backend runs every replica on this machine"
+            )
+        return self
+
     @field_validator("fault_injection")
     @classmethod
     def _injections(cls, value: list[str]) -> list[str]:
@@ -325,15 +318,15 @@ class JobSpec(SpecModel):
             injection = parse_injection(text)
             if last is not None and injection.attempt > last:
                 raise ValueError(
-                    f"fault_injection: {text!r} is for attempt {injection.attempt}, but this "
+                    f"fault_injection: {shown(text)} is for attempt {injection.attempt}, but this "
                     f"job's restart budget allows attempts 0 to {last} only: it could never fire"
                 )
             replica = injection.replica
             if replica is not None and replica not in names:
-                shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+                listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
                 raise ValueError(
-                    f"fault_injection: {text!r} names {replica}, which this job does not have "
-                    f"(it has {shown})"
+                    f"fault_injection: {shown(text)} names {replica}, which this job does not have "
+                    f"(it has {listed})"
                 )
         return self
 
@@ -342,7 +335,7 @@ class JobSpec(SpecModel):
         roles = [p.role for p in self.worker_pools]
         dup = sorted({r for r in roles if roles.count(r) > 1})
         if dup:
-            raise ValueError(f"worker_pools: role names must be unique, got {dup[0]!r} twice")
+            raise ValueError(f"worker_pools: role names must be unique, got {shown(dup[0])} twice")
         if (
             roles.count("chief")
             and next(p for p in self.worker_pools if p.role == "chief").replicas != 1
@@ -359,6 +352,9 @@ def validate_spec(data: Any) -> JobSpec:
     """Build a JobSpec from plain data, or raise SpecError naming every problem."""
     if not isinstance(data, dict):
         raise SpecError([f"job spec: must be a mapping, got {type(data).__name__}"])
+    undecodable = non_utf8_problems(data)
+    if undecodable:
+        raise SpecError(undecodable)
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 
 from trainguard.spec.base import SpecModel
+from trainguard.spec.text import shown
 from trainguard.states import JobState
 
 EventKind = Literal["state_change", "restart", "hang", "isolation", "custom_message"]
@@ -44,7 +45,7 @@ class NotifyRule(SpecModel):
         for name in states:
             if not isinstance(name, str) or name.strip().upper() not in _JOB_STATES:
                 raise ValueError(
-                    f"states: {name!r} is not a job state (one of {', '.join(_JOB_STATES)})"
+                    f"states: {shown(name)} is not a job state (one of {', '.join(_JOB_STATES)})"
                 )
         return {**data, "states": [name.strip().upper() for name in states]}
 
@@ -57,14 +58,15 @@ class NotifyRule(SpecModel):
             raise ValueError(f"url: {article} {self.sink} rule needs a url")
         if self.sink == "webhook" and urlsplit(self.url or "").scheme not in ("http", "https"):
             raise ValueError(
-                f"url: a webhook url must start with http:// or https://, got {self.url!r}"
+                f"url: a webhook url must start with http:// or https://, got {shown(self.url)}"
             )
         if self.sink == "command" and (not self.command or not self.command[0]):
             raise ValueError(
-                f"command: a command rule needs a program and its arguments, got {self.command!r}"
+                "command: a command rule needs a program and its arguments, "
+                f"got {shown(self.command)}"
             )
         if self.secret and self.secret_env:
             raise ValueError(
-                f"secret_env: set secret or secret_env, not both (got {self.secret_env!r})"
+                f"secret_env: set secret or secret_env, not both (got {shown(self.secret_env)})"
             )
         return self

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainguard.spec.text import shown
+
 
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
@@ -41,9 +43,9 @@ def _describe(err: Any) -> str:
         "literal_error": "must be one of {expected}",
         "enum": "must be one of {expected}",
     }.get(kind)
-    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
-    msg = text.format(**shown) if text else err["msg"][0].lower() + err["msg"][1:]
-    return f"{loc}: {msg}, got {got!r}"
+    bounds = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
+    msg = text.format(**bounds) if text else err["msg"][0].lower() + err["msg"][1:]
+    return f"{loc}: {msg}, got {shown(got)}"
 
 
 def validation_problems(exc: ValidationError) -> list[str]:

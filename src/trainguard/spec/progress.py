@@ -9,9 +9,7 @@ import re2  # type: ignore[import-untyped]
 from pydantic import field_validator, model_validator
 
 from trainguard.spec.base import SpecModel
-
-MAX_PATTERN = 1000
-"""A progress pattern longer than this is a mistake, not a regex."""
+from trainguard.spec.limits import MAX_PATTERN_CHARS
 
 
 class ProgressOptions(SpecModel):
@@ -39,8 +37,8 @@ class ProgressOptions(SpecModel):
     def _compiles(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not value.strip() or len(value) > MAX_PATTERN:
-            raise ValueError(f"must be a regex of 1 to {MAX_PATTERN} characters")
+        if not value.strip() or len(value) > MAX_PATTERN_CHARS:
+            raise ValueError(f"must be a regex of 1 to {MAX_PATTERN_CHARS} characters")
         compile_progress_pattern(value)
         return value
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from trainguard.spec.text import shown
+
 MAX_BYTES = 1024 * 1024
 """A spec larger than this is not a spec."""
 MAX_ALIASES = 32  # a legitimate spec repeats a block a few times; a bomb needs many
@@ -40,7 +42,7 @@ class _Loader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: construct_mapping says so below
                 continue
             if duplicate:
-                raise YamlProblem(f"the key {key!r} is given twice{_line(key_node)}")
+                raise YamlProblem(f"the key {shown(key)} is given twice{_line(key_node)}")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -71,6 +73,11 @@ def parse_bounded(text: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise YamlProblem(f"not valid YAML{_line(mark)}") from None
+    except YamlProblem:
+        raise
+    except (ValueError, OverflowError) as exc:  # a constructor's: 5000 digits, 2019-13-01
+        why = str(exc).split(";")[0][:100]
+        raise YamlProblem(f"a value YAML cannot build: {why}") from None
 
 
 def read_bounded(path: Path) -> str:
