@@ -5,6 +5,7 @@ training states in them).
 """
 
 __all__ = [
+    "checkpoint_copy",
     "checkpoints",
     "control",
     "engine",
