@@ -335,3 +335,23 @@ def test_a_spec_file_with_a_bool_count_is_refused(
     err = capsys.readouterr().err
     assert err == "trainguard: worker_pools[0].replicas: must be a number, got true\n"
     assert not home.exists()
+
+
+@pytest.mark.parametrize("shape", ["empty", "loop", "dangling"])
+def test_a_from_checkpoint_folder_the_master_cannot_copy_is_refused(
+    home: Path, tmp_path: Path, shape: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    if shape == "loop":
+        (seed / "state.json").write_text("{}")
+        (seed / "again").symlink_to(seed)
+    elif shape == "dangling":
+        (seed / "state.json").symlink_to(tmp_path / "gone")
+    assert main(["run", "--from-checkpoint", str(seed), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainguard: --from-checkpoint: ") and err.count("\n") == 1, err
+    assert {"empty": "holds no file", "loop": "links back", "dangling": "link to nothing"}[
+        shape
+    ] in err
+    assert not home.exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import SpecError
+from trainguard.records.checkpoint_copy import listing
 from trainguard.spec.aimaster_flags import parse_ft_args
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.limits import MAX_REPLICAS
@@ -270,6 +271,17 @@ def _merged(
         data[key] = section
 
 
+def _a_checkpoint(path: Path) -> None:
+    """What the master would copy at its start, checked before anything is stored: a
+    folder it cannot copy used to cost three internal-error attempts."""
+    try:
+        files = listing(path).files
+    except (ValueError, OSError) as e:
+        raise SpecError([f"--from-checkpoint: {e}"]) from None
+    if not files:
+        raise SpecError([f"--from-checkpoint: {shown(str(path))} holds no file"])
+
+
 def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     for key in ("name", "framework", "success_policy", "allow_partial"):
         if getattr(args, key) is not None:
@@ -278,6 +290,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
         path = Path(args.initial_checkpoint)
         if not path.is_dir():
             raise SpecError([f"--from-checkpoint: not a folder: {shown(args.initial_checkpoint)}"])
+        _a_checkpoint(path)
         data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
         data["fault_injection"] = [*data.get("fault_injection", []), *args.fault_injection]
