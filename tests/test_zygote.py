@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import TG, alive, child, wait_for
+from conftest import TG, alive, child, read_pid, wait_for
 from warm import cold_and_warm
 
 from trainguard.backends.local.python_cmd import PythonCommand, parse
 from trainguard.backends.local.zygote import expand
+from trainguard.records.store import Store
 
 
 @pytest.mark.parametrize(
@@ -156,29 +158,70 @@ def test_forked_replicas_print_exit_restart_and_get_their_own_env(tg: TG, tmp_pa
     assert "RANK=1" in log1 and "done 1" in log1
 
 
+def _two_forked_forever(tg: TG, pids: Path, *first: str) -> subprocess.Popen[str]:
+    """A job of two replicas forked from a zygote that write `pids`.<rank> and run forever."""
+    flags = ("run", "--quiet", "--preload", "json", "--nproc-per-node", "2", "--")
+    return tg.start(*flags, *child(*first, f"*:pidfile:{pids}", "*:forever"))
+
+
+def _replicas_and_zygote(master: int, pids: Path) -> tuple[list[int], int]:
+    files = [Path(f"{pids}.{r}") for r in range(2)]
+    replicas = wait_for(lambda: all(map(read_pid, files)) and list(map(read_pid, files)), 60)
+    zygote = _ppid(replicas[0])
+    assert zygote != master and _ppid(zygote) == master  # forked by the zygote
+    return replicas, zygote
+
+
 def test_a_killed_master_takes_the_zygote_and_its_replicas_along(tg: TG, tmp_path: Path) -> None:
     pids = tmp_path / "pid"
-    proc = tg.start(
-        "run",
-        "--quiet",
-        "--preload",
-        "json",
-        "--nproc-per-node",
-        "2",
-        "--",
-        *child(f"*:spawn-child:{pids}", f"*:pidfile:{pids}", "*:forever"),
-    )
+    proc = _two_forked_forever(tg, pids, f"*:spawn-child:{pids}")
     try:
-        wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(2)), 60, "2 replicas")
-        replicas = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
+        replicas, zygote = _replicas_and_zygote(proc.pid, pids)
         grandchildren = [int(Path(f"{pids}.{r}.child").read_text()) for r in range(2)]
-        zygote = _ppid(replicas[0])
-        assert zygote != proc.pid and _ppid(zygote) == proc.pid  # forked by the zygote
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # also when the test fails: no master left behind
         proc.wait()
     everything = [*replicas, *grandchildren, zygote]
     wait_for(lambda: not any(alive(p) for p in everything), 15, "nothing left")
+
+
+@pytest.mark.slow
+def test_a_killed_zygote_restarts_the_job_and_sigterm_still_stops_the_master(
+    tg: TG, tmp_path: Path
+) -> None:
+    """The zygote's death is an event (issue 37): the replicas it forked died with it and
+    are reported exited with that evidence, the policy judges the attempt as any other
+    failure, and SIGTERM still stops the master."""
+    pids = tmp_path / "pid"
+    proc = _two_forked_forever(tg, pids)
+    try:
+        first, zygote = _replicas_and_zygote(proc.pid, pids)
+        os.kill(zygote, signal.SIGKILL)
+
+        # Its replicas died with it; the master hears it at once (not after the hang
+        # interval) and the policy restarts the job: new replicas, started cold.
+        def restarted() -> list[int] | None:
+            now = [read_pid(Path(f"{pids}.{r}")) or 0 for r in range(2)]
+            return now if all(n and n != old for n, old in zip(now, first, strict=True)) else None
+
+        again = wait_for(restarted, 30, "the restarted replicas")
+        assert not any(alive(p) for p in first)
+        assert all(_ppid(p) == proc.pid for p in again)  # no zygote now: started cold
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    job = tg.only_job()
+    assert (job["state"], job["attempts"]) == ("CANCELLED", 2), job
+    (rec,) = tg.json("records", job["id"])
+    assert (rec["error_code"], rec["decision"].split(":")[0]) == ("137", "RestartJob"), rec
+    # the evidence, kept with each forked run's end: which process died, and how
+    note = "the preload process (the zygote that forked this replica) was killed by SIGKILL"
+    ends = [r for r in Store(tg.home).runs_of(job["id"], 0)]
+    assert len(ends) == 2 and all(note in (r.tail or "") for r in ends), ends
+    assert not any(alive(p) for p in again)
 
 
 ENDING = """

@@ -25,9 +25,18 @@ in between could leave it behind, unlisted. That window is covered too:
   its own session, so no other process is touched.
 
 So whatever instant the master dies at, every replica it started is either listed, or
-unanswered and found by its token. Replicas the preload zygote forks carry no token: they
-are listed (`+PGID`) as soon as their pid is known, and until then they die with the
-zygote (PR_SET_PDEATHSIG), which dies with the master.
+unanswered and found by its token.
+
+What a replica started outside its group (a new session, a double fork) is not in any
+listed group. Where the backend tracks runs by cgroup it sends `CFOLDER` (the folder of
+the job's run cgroups): at EOF the guardian kills every process in it and removes it.
+Where it cannot (the subreaper fallback, `local.tracking`), it sends `T`: at EOF the
+guardian also looks for the token, as after an unanswered spawn.
+
+Replicas the preload zygote forks show the zygote's environment in /proc, without the
+token (the programs they exec carry it): they are listed (`+PGID`) as soon as their pid is
+known, and until then they die with the zygote (PR_SET_PDEATHSIG), which dies with the
+master.
 """
 
 from __future__ import annotations
@@ -51,10 +60,16 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 needle = b"\0" + sys.argv[1].encode() + b"=" + sys.argv[2].encode() + b"\0"
 wait_s = float(sys.argv[3])
 groups = set()
+folders = []
 unanswered = 0
+by_token = False
 for line in sys.stdin:
-    line = line.strip()
-    if line.startswith("+"):
+    line = line.rstrip("\n")
+    if line.startswith("C"):
+        folders.append(line[1:])
+    elif line in ("T", "t"):
+        by_token = line == "T"
+    elif line.startswith("+"):
         groups.add(int(line[1:]))
     elif line.startswith("-"):
         groups.discard(int(line[1:]))
@@ -70,6 +85,48 @@ for g in groups:
         os.killpg(g, signal.SIGKILL)
     except OSError:
         pass
+
+
+def cgroup_procs(folder):
+    found = []
+    for top, _, files in os.walk(folder):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(top, "cgroup.procs")) as fh:
+                    found += [int(x) for x in fh.read().split()]
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+def end_cgroups(folder):
+    # Kill everything in the job's run cgroups (v2: at once), then remove them.
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(os.path.join(folder, "cgroup.kill"), "w") as fh:
+                fh.write("1")
+        except OSError:
+            pass
+        pids = cgroup_procs(folder)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not pids or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    for top, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(top)
+        except OSError:
+            pass
+
+
+for folder in folders:
+    if os.path.isdir(folder):
+        end_cgroups(folder)
 
 
 def strays():
@@ -88,7 +145,7 @@ def strays():
     return found
 
 
-if unanswered > 0:  # the master died while starting a replica: look for it by its token
+if unanswered > 0 or by_token:  # a replica, or what it orphaned, known by its token only
     killed = set(groups)
     deadline = time.monotonic() + wait_s
     pause = 0.005
@@ -137,6 +194,15 @@ class Guardian:
 
     def forget(self, pgid: int) -> None:
         self._send(f"-{pgid}")
+
+    def sweep_cgroups(self, folder: str) -> None:
+        """When the master dies, kill every process in the cgroups under `folder`."""
+        self._send(f"C{folder}")
+
+    def sweep_token(self, on: bool = True) -> None:
+        """When the master dies, kill every process that carries the token (`on=False`:
+        no longer, before a clean close that has ended them itself)."""
+        self._send("T" if on else "t")
 
     def spawning(self) -> None:
         """A replica carrying `TOKEN_ENV=token` is about to be started: answer with

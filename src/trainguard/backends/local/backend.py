@@ -1,4 +1,6 @@
-"""The local-process backend (R-RUN-1): each replica a child process in its own group.
+"""The local-process backend (R-RUN-1): each replica a child process in its own group, and
+each run's processes, wherever they went (a new session, a double fork), in its own cgroup
+(`tracking`): all of them end with the run.
 
 Exits are learnt from the child watcher (an event, never a polling sleep); output is
 read as it arrives, written to one file per replica run, kept as a tail for
@@ -13,7 +15,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -25,18 +26,20 @@ from trainguard.backends.api import (
     output_events,
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
-from trainguard.backends.local.oom import oom_kill_count
+from trainguard.backends.local.run import PipeProtocol, Protocol, Run
+from trainguard.backends.local.tracking import Tracking
 from trainguard.backends.local.warm_start import WarmStart
 from trainguard.backends.local.zygote import ZygoteError
 from trainguard.backends.net import free_port
-from trainguard.backends.output import RunOutput
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.signals import signal_name
 
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
 _TRACEBACK = "Traceback (most recent call last):"
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
+_KILLED_S = 5.0  # how long a forked replica's exit may take to come once it was SIGKILLed
 
 
 def _already_exited(pid: int) -> bool:
@@ -48,76 +51,17 @@ def _already_exited(pid: int) -> bool:
     return info is not None
 
 
-def _printed_traceback(run: _Run) -> bool:
-    return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
-
-
-_OnOutput = Callable[["_Run", bool, tuple[str, ...]], None]
-
-
-class _Run:
-    """One run of one replica: its process and its output."""
-
-    def __init__(
-        self,
-        launch: Launch,
-        tee: TextIO | None,
-        on_output: _OnOutput,
-    ) -> None:
-        self.launch = launch
-        self.output = RunOutput(
-            launch.replica,
-            launch.log_path,
-            tee,
-            partial(on_output, self),
-        )
-        self.pid = 0
-        self.transport: asyncio.BaseTransport | None = None
-        self.returncode: int | None = None
-        self.forked = False  # by the preload zygote: not our child, its exit comes by message
-        self.stop_requested = False
-        self.oom_before = oom_kill_count()
-        self.eof = asyncio.Event()
-        self.exited = asyncio.Event()
-        self.done = asyncio.Event()
-
-
-class _Protocol(asyncio.SubprocessProtocol):
-    def __init__(self, backend: LocalBackend, run: _Run) -> None:
-        self.backend = backend
-        self.run = run
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self.run.output.feed(data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self.backend._on_output_end(self.run)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.run.transport = transport  # before any exit can be reported
-
-    def process_exited(self) -> None:
-        transport = self.run.transport
-        if isinstance(transport, asyncio.SubprocessTransport):
-            self.run.returncode = transport.get_returncode()
-        self.run.exited.set()
-
-
-class _PipeProtocol(asyncio.Protocol):
-    """The output of a replica forked by the zygote: our end of its stdout pipe."""
-
-    def __init__(self, backend: LocalBackend, run: _Run) -> None:
-        self.backend = backend
-        self.run = run
-
-    def data_received(self, data: bytes) -> None:
-        self.run.output.feed(data)
-
-    def eof_received(self) -> bool:
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie), whoever's child it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.backend._on_output_end(self.run)
+
+def _printed_traceback(run: Run) -> bool:
+    return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
 
 
 class LocalBackend:
@@ -125,14 +69,15 @@ class LocalBackend:
         self, tee: TextIO | None = None, host: str = "127.0.0.1", preload: Sequence[str] = ()
     ) -> None:
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, Run] = {}
         self._tee = tee
         self._host = host
         self._guardian: Guardian | None = None
+        self._tracking: Tracking | None = None  # every process of each run (cgroup)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_output_s = 0.0
         self._warm = WarmStart(preload)
-        self._forked: dict[int, _Run] = {}
+        self._forked: dict[int, Run] = {}
         self._early_exits: dict[int, int] = {}
 
     @property
@@ -166,7 +111,13 @@ class LocalBackend:
     async def start(self, launches: Sequence[Launch]) -> None:
         if self._guardian is None:
             self._guardian = Guardian()
-        await self._warm.plan(launches, self._forked_exit)
+            self._tracking = Tracking(self._guardian.token, TOKEN_ENV)
+            if self._tracking.cgroups is not None:
+                self._guardian.sweep_cgroups(str(self._tracking.cgroups.folder))
+            else:  # the weaker fence: say so where the warm start's notes are recorded
+                self._guardian.sweep_token()
+                self._warm.notes.append(self._tracking.note)
+        await self._warm.plan(launches, self._forked_exit, self._zygote_died)
         launches = await self._warm.with_hosted_store(launches)
         loop = asyncio.get_running_loop()
         for launch in launches:
@@ -178,25 +129,30 @@ class LocalBackend:
     async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         zygote = self._warm.zygote
         assert zygote is not None
-        run = _Run(launch, self._tee, self._on_output)
+        assert self._guardian is not None and self._tracking is not None
+        run = Run(launch, self._tee, self._on_output, self._tracking.new_run())
         run.forked = True
+        env = {**launch.env, TOKEN_ENV: self._guardian.token}  # for what it execs
         r, w = os.pipe()
         try:
-            run.pid = await zygote.spawn(launch.argv, launch.env, launch.cwd, w)
+            run.pid = await zygote.spawn(
+                launch.argv, env, launch.cwd, w, cgroup=run.processes.procs_file
+            )
         except ZygoteError:
             os.close(r)
             run.output.close()
+            run.processes.remove()
             await self._spawn(loop, launch)  # the ordinary way
             return
         finally:
             os.close(w)
-        assert self._guardian is not None
+        run.processes.add(run.pid)
         self._guardian.watch(run.pid)
         self._forked[run.pid] = run
         if run.pid in self._early_exits:  # it exited before we knew its pid
             self._forked_exit(run.pid, self._early_exits.pop(run.pid))
         transport, _ = await loop.connect_read_pipe(
-            lambda: _PipeProtocol(self, run),
+            lambda: PipeProtocol(run, self._on_output_end),
             os.fdopen(r, "rb", buffering=0),
         )
         run.transport = transport
@@ -207,8 +163,19 @@ class LocalBackend:
         if run is None:
             self._early_exits[pid] = code  # its pid message is still on its way to spawn()
             return
-        run.returncode = code
-        run.exited.set()
+        run.exit_with(code)
+
+    def _zygote_died(self, code: int) -> None:
+        """The zygote is gone, and with it every replica it forked (PR_SET_PDEATHSIG):
+        each is reported exited now, with what is known (no exit of theirs will come)."""
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with {code}"
+        note = (
+            f"trainguard: the preload process (the zygote that forked this replica) was "
+            f"{how}; the replica died with it"
+        )
+        for run in self._forked.values():
+            run.exit_with(-signal.SIGKILL, note)  # what PR_SET_PDEATHSIG sends
+        self._forked.clear()
 
     async def _spawn(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         """Start one replica as a child process in a new session (its own group).
@@ -222,16 +189,20 @@ class LocalBackend:
         the window between the fork and `+PID` closed: the spawn is announced before
         the fork and answered after it, and the child carries the guardian's token in
         its environment, so a master that dies in between leaves an unanswered spawn,
-        and the guardian finds the replica by its token (see `_guardian`).
+        and the guardian finds the replica by its token (see `_guardian`). For the same
+        reason the master stands in the run's cgroup while it forks: the child is born
+        there, before its program can start anything (`RunCgroup.host_spawn`).
         """
-        guardian = self._guardian
-        assert guardian is not None
-        run = _Run(launch, self._tee, self._on_output)
+        guardian, tracking = self._guardian, self._tracking
+        assert guardian is not None and tracking is not None
+        run = Run(launch, self._tee, self._on_output, tracking.new_run())
         guardian.spawning()
         pid: int | None = None
+        leave = run.processes.host_spawn()  # the child is born in the run's cgroup
+        loop.call_soon(leave)  # back at the loop's next turn: the fork is done by then
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: _Protocol(self, run),
+                lambda: Protocol(run, self._on_output_end),
                 *launch.argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -242,16 +213,20 @@ class LocalBackend:
             )
             pid = transport.get_pid()
         except OSError as exc:
+            leave()
             run.output.close()
+            run.processes.remove()
             self._emit(self._spawn_failed(launch, exc))
             return
         finally:
+            leave()
             guardian.spawned(pid)  # from here on the guardian has its group
         run.transport = transport
         run.pid = transport.get_pid()
+        run.processes.add(run.pid)  # the tree's root (in a cgroup it was born inside)
         self._started(run)
 
-    def _started(self, run: _Run) -> None:
+    def _started(self, run: Run) -> None:
         launch = run.launch
         self._runs[launch.replica] = run
         self._emit(
@@ -271,17 +246,17 @@ class LocalBackend:
             why = f"permission denied: {program!r} is not executable"
         else:
             why = f"cannot start {program!r}: {exc.strerror or exc}"
-        ev = ExitEvidence(launch.replica, None, spawn_error=why)
+        ev = ExitEvidence(launch.replica, None, spawn_error=why, spawn_errno=exc.errno)
         return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())
 
     # -------------------------------------------------------------- output
 
-    def _on_output(self, run: _Run, first: bool, segments: tuple[str, ...]) -> None:
+    def _on_output(self, run: Run, first: bool, segments: tuple[str, ...]) -> None:
         self._last_output_s = time.time()
         for ev in output_events(run.launch, first, segments, self._last_output_s):
             self._emit(ev)
 
-    def _on_output_end(self, run: _Run) -> None:
+    def _on_output_end(self, run: Run) -> None:
         run.output.end()
         run.eof.set()
 
@@ -299,13 +274,16 @@ class LocalBackend:
 
     # -------------------------------------------------------------- exit
 
-    async def _watch(self, run: _Run) -> None:
+    async def _watch(self, run: Run) -> None:
         await run.exited.wait()
         seen_s = time.time()
         assert run.transport is not None
         returncode = run.returncode
-        # The replica is its process group: whatever it left behind goes with it.
+        # Whatever it left behind goes with it: its group, and what left the group (a new
+        # session, a double fork, a child holding its output pipe) by its cgroup.
         self._killpg(run, signal.SIGKILL)
+        await run.processes.kill()
+        run.processes.remove()
         if self._guardian is not None:
             self._guardian.forget(run.pid)
         with contextlib.suppress(TimeoutError):
@@ -323,13 +301,13 @@ class LocalBackend:
                 seen_s,
                 returncode,
                 stop_requested=run.stop_requested,
-                log_tail=run.output.tail.lines(),
-                oom_kills=max(0, oom_kill_count() - run.oom_before),
+                log_tail=(*run.output.tail.lines(), *run.notes),
+                oom_kills=run.oom_kills(),
             )
         )
 
     @staticmethod
-    def _killpg(run: _Run, sig: int) -> None:
+    def _killpg(run: Run, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pid, sig)
 
@@ -362,15 +340,24 @@ class LocalBackend:
             # exit: it may be the root cause, and is not the master's doing.
             gone = run.exited.is_set() if run.forked else _already_exited(run.pid)
             run.stop_requested = not gone
-            self._killpg(run, signal.SIGTERM)
-            self._killpg(run, signal.SIGCONT)  # a stopped (SIGSTOP) group must see the TERM
+            for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped one must see the TERM
+                self._killpg(run, sig)
+                run.processes.signal(sig, but_group=run.pid)  # and what left its group
         waits = [asyncio.ensure_future(run.done.wait()) for run in runs]
         _, pending = await asyncio.wait(waits, timeout=grace_s)
         if pending:
             for run in runs:
                 if not run.done.is_set():
                     self._killpg(run, signal.SIGKILL)
-            await asyncio.wait(pending)
+                    run.processes.signal(signal.SIGKILL, but_group=run.pid)
+            _, pending = await asyncio.wait(pending, timeout=_KILLED_S)
+            for run in runs:  # a forked one whose exit its zygote never sent: it is gone
+                if run.forked and not run.done.is_set() and not _alive(run.pid):
+                    run.exit_with(-signal.SIGKILL, "trainguard: killed; no exit status came")
+            if pending:
+                await asyncio.wait(pending)
+        if self._tracking is not None and not self._runs:  # what they orphaned (fallback)
+            await self._tracking.sweep()
 
     async def snapshot(
         self,
@@ -390,6 +377,9 @@ class LocalBackend:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
         await self._warm.close()
+        if self._tracking is not None:
+            await self._tracking.close()
         if self._guardian is not None:
+            self._guardian.sweep_token(False)  # nothing of ours is left to look for
             self._guardian.close()
             self._guardian = None

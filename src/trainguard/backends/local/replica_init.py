@@ -38,6 +38,7 @@ def become_replica(
     """In the forked child: become the replica. Never returns."""
     code = 1
     try:
+        _join(req.get("cgroup"))
         os.setsid()
         die_with_parent()
         signal.set_wakeup_fd(-1)
@@ -75,6 +76,14 @@ def become_replica(
     finally:
         code = _finalize_as_python_would(code)
         os._exit(code)
+
+
+def _join(procs_file: str | None) -> None:
+    """Enter the run's cgroup before anything runs, so all it starts is inside too
+    (`tracking`); the master moves it there again once it knows the pid."""
+    if procs_file:
+        with contextlib.suppress(OSError), open(procs_file, "w") as fh:
+            fh.write(str(os.getpid()))
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -28,9 +28,15 @@ class WarmStart:
         self._planned = False  # the zygote was considered (once, at the first start)
         self._hosted: set[tuple[str, int]] = set()  # (host, port) of stores the keeper opened
 
-    async def plan(self, launches: Sequence[Launch], on_exit: Callable[[int, int], None]) -> None:
+    async def plan(
+        self,
+        launches: Sequence[Launch],
+        on_exit: Callable[[int, int], None],
+        on_death: Callable[[int], None] = lambda _code: None,
+    ) -> None:
         """At the first start of replicas (services do not count): start the zygote for
-        these launches, importing what
+        these launches (`on_exit`: a forked replica's exit; `on_death`: the zygote's own),
+        importing what
         `preload` names (`auto`: what the first replica's program needs). Nothing to
         preload is said nowhere: the replicas simply start the ordinary way."""
         launches = [launch for launch in launches if SERVICE_ENV not in launch.env]
@@ -53,6 +59,7 @@ class WarmStart:
             self.notes.append(f"warm start off: {exc}")
             return
         self.zygote.on_exit = on_exit
+        self.zygote.on_death = on_death
         self.notes.append(
             f"warm start: {', '.join(self._preload)} imported once in "
             f"{self.zygote.import_s:.2f} s; replicas fork from it"

@@ -176,6 +176,12 @@ class Zygote:
         self._next = 0
         self._pending: dict[int, asyncio.Future[int]] = {}
         self.on_exit: Callable[[int, int], None] = lambda _pid, _code: None
+        # Its death (SIGKILL, the OOM killer: it holds the preloaded modules) takes every
+        # replica it forked along (PR_SET_PDEATHSIG), and no exit of theirs will come:
+        # called once with its own exit status, so that they are reported exited.
+        self.on_death: Callable[[int], None] = lambda _code: None
+        self._closing = False
+        self._death: asyncio.Task[None] | None = None
         self.import_s = 0.0
         self.alive = True
         self.env: dict[str, str] = {}  # the environment it imported in (startup_env_differs)
@@ -243,6 +249,8 @@ class Zygote:
             data = b""
         if not data:
             self._gone()
+            if not self._closing and self._death is None:
+                self._death = asyncio.get_running_loop().create_task(self._died())
             return
         self._buf += data
         while b"\n" in self._buf:
@@ -257,6 +265,9 @@ class Zygote:
                 if fut is not None and not fut.done():
                     fut.set_result(int(msg["pid"]))
 
+    async def _died(self) -> None:
+        self.on_death(await self._proc.wait())
+
     def _gone(self) -> None:
         self.alive = False
         with contextlib.suppress(Exception):
@@ -266,9 +277,18 @@ class Zygote:
                 fut.set_exception(ZygoteError("the preload process is gone"))
         self._pending.clear()
 
-    async def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, out_fd: int) -> int:
-        """Fork a replica writing to `out_fd`; returns its pid."""
-        return await self._fork({"argv": list(argv), "env": env, "cwd": cwd}, out_fd)
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        cwd: str,
+        out_fd: int,
+        cgroup: str | None = None,
+    ) -> int:
+        """Fork a replica writing to `out_fd` (first joining the cgroup whose `cgroup.procs`
+        is `cgroup`, if given); returns its pid."""
+        req = {"argv": list(argv), "env": env, "cwd": cwd, "cgroup": cgroup}
+        return await self._fork(req, out_fd)
 
     async def keeper(self) -> StoreKeeper:
         """Fork the job's rendezvous store keeper and wait until it can open stores."""
@@ -311,12 +331,15 @@ class Zygote:
         return await fut
 
     async def close(self) -> None:
+        self._closing = True
         self._gone()
         with contextlib.suppress(OSError):
             self._sock.close()
         with contextlib.suppress(ProcessLookupError):
             self._proc.kill()
         await self._proc.wait()
+        if self._death is not None:  # a death seen before: it is still reported
+            await self._death
 
 
 async def _readline(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:

@@ -1,0 +1,100 @@
+"""One run of one local replica: its process, its output, and what tracks every process it
+starts (`tracking`); with the asyncio protocols that feed it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from functools import partial
+from typing import TextIO
+
+from trainguard.backends.api import Launch
+from trainguard.backends.local.oom import oom_kill_count
+from trainguard.backends.local.tracking import RunProcesses
+from trainguard.backends.output import RunOutput
+
+OnOutput = Callable[["Run", bool, tuple[str, ...]], None]
+
+
+class Run:
+    """One run of one replica: its process and its output."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        tee: TextIO | None,
+        on_output: OnOutput,
+        processes: RunProcesses,
+    ) -> None:
+        self.launch = launch
+        self.output = RunOutput(
+            launch.replica,
+            launch.log_path,
+            tee,
+            partial(on_output, self),
+        )
+        self.processes = processes
+        self.pid = 0
+        self.transport: asyncio.BaseTransport | None = None
+        self.returncode: int | None = None
+        self.forked = False  # by the preload zygote: not our child, its exit comes by message
+        self.stop_requested = False
+        self.oom_before = oom_kill_count()
+        self.notes: list[str] = []  # what trainguard knows of its end, added to its log tail
+        self.eof = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.done = asyncio.Event()
+
+    def oom_kills(self) -> int:
+        """New OOM kills while it ran: in our cgroup, or counted by its own alone."""
+        return max(0, oom_kill_count() - self.oom_before) + self.processes.oom_kills()
+
+    def exit_with(self, code: int, note: str | None = None) -> None:
+        """Its exit, learnt from someone else than its parent (the zygote's message, or
+        the zygote's death)."""
+        if self.exited.is_set():
+            return
+        if note is not None:
+            self.notes.append(note)
+        self.returncode = code
+        self.exited.set()
+
+
+class Protocol(asyncio.SubprocessProtocol):
+    """The replica as our child process: its output and its exit."""
+
+    def __init__(self, run: Run, on_end: Callable[[Run], None]) -> None:
+        self.run = run
+        self.on_end = on_end
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.run.output.feed(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.on_end(self.run)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.run.transport = transport  # before any exit can be reported
+
+    def process_exited(self) -> None:
+        transport = self.run.transport
+        if isinstance(transport, asyncio.SubprocessTransport):
+            self.run.returncode = transport.get_returncode()
+        self.run.exited.set()
+
+
+class PipeProtocol(asyncio.Protocol):
+    """The output of a replica forked by the zygote: our end of its stdout pipe."""
+
+    def __init__(self, run: Run, on_end: Callable[[Run], None]) -> None:
+        self.run = run
+        self.on_end = on_end
+
+    def data_received(self, data: bytes) -> None:
+        self.run.output.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_end(self.run)
