@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hmac
+import http.client
 import json
 import os
+import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
+from trainguard.service.config import challenge_proof
 
 
 class ServerError(TrainguardError):
@@ -17,14 +21,53 @@ class ServerError(TrainguardError):
 
 
 class Client:
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ServerError(f"--server: must be an http:// or https:// URL, got {url!r}")
-        self.url = url.rstrip("/")
+    """`token`: given by the user, sent as is. `home_token`: the one this home's server made,
+    sent only once the server at `url` proves it holds it (`challenge_proof`): any local
+    user can listen on a loopback port, and the token runs commands as its owner."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        *,
+        home_token: str | None = None,
+    ) -> None:
+        self.url = _checked_url(url)
         self.token = token if token is not None else os.environ.get("TRAINGUARD_TOKEN")
         self.timeout_s = timeout_s
+        self._home_token = None if self.token else home_token
+        self._withheld = False  # the home's token, not sent: the server did not prove itself
+
+    def _prove(self) -> None:
+        """Send the home's token from now on if the server proves it issued it."""
+        token, self._home_token = self._home_token, None
+        if token is None:
+            return
+        parts = urllib.parse.urlsplit(self.url)
+        kind = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        nonce = secrets.token_hex(16)
+        conn = kind(parts.hostname or "", parts.port, timeout=self.timeout_s)
+        try:
+            conn.request("GET", f"{parts.path}/api/challenge?nonce={nonce}")
+            peer = conn.sock.getpeername() if conn.sock is not None else ("", 0)
+            resp = conn.getresponse()
+            answer = json.loads(resp.read() or b"{}") if resp.status == 200 else {}
+        except (OSError, ValueError, http.client.HTTPException):
+            answer = {}
+        finally:
+            conn.close()
+        proof = answer.get("proof") if isinstance(answer, dict) else None
+        expected = challenge_proof(token, nonce, str(peer[0]), int(peer[1])) if proof else ""
+        if isinstance(proof, str) and hmac.compare_digest(proof, expected):
+            self.token = token
+        else:
+            self._withheld = True
 
     def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        self._prove()
         params = {k: v for k, v in query.items() if v is not None}
         url = self.url + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
         data = None if body is None else json.dumps(body).encode()
@@ -63,8 +106,13 @@ class Client:
         if exc.code == 422:
             return SpecError(body.get("problems") or [str(detail)])
         if exc.code == 401:
+            withheld = (
+                "; this home's token was not sent: the server did not prove it issued it"
+                if self._withheld
+                else ""
+            )
             return ServerError(
-                f"the server refused the request: {detail} (--token / TRAINGUARD_TOKEN)"
+                f"the server refused the request: {detail} (--token / TRAINGUARD_TOKEN){withheld}"
             )
         return ServerError(f"the server answered {exc.code}: {detail}")
 
@@ -106,6 +154,18 @@ class Client:
 
     def resume(self, ref: str) -> dict[str, Any]:
         return dict(self.call("POST", f"/api/jobs/{_ref(ref)}/resume", {}))
+
+
+def _checked_url(url: str) -> str:
+    """`--server`'s URL, or SpecError in one line (a malformed URL is the user's to fix)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a port that is no number, or out of range, raises here)
+    except ValueError as exc:
+        raise SpecError([f"--server: not a valid URL ({exc}): {url!r}"]) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError([f"--server: must be an http:// or https:// URL, got {url!r}"])
+    return url.rstrip("/")
 
 
 def _ref(ref: str) -> str:

@@ -7,6 +7,10 @@ from collections.abc import Callable
 
 from trainguard.hangs.watch import HangWatch
 from trainguard.records.recorder import Recorder
+from trainguard.records.schema import CUSTOM_MESSAGE_EVENT
+
+LOGGED_CHARS = 200
+"""How much of a custom message the master's log line shows."""
 
 
 class Inbox:
@@ -43,8 +47,9 @@ class Inbox:
         self.retryable_errors[replica] = list(patterns)
 
     def on_message(self, replica: str, text: str) -> None:
-        self.rec.event(self.clock(), replica, "custom_message", text)
-        self.say(f"message from {replica}: {text}")
+        self.rec.event(self.clock(), replica, CUSTOM_MESSAGE_EVENT, text)
+        shown = text if len(text) <= LOGGED_CHARS else text[: LOGGED_CHARS - 3] + "..."
+        self.say(f"message from {replica}: {shown}")  # the whole text is in the store
 
     def on_report(
         self, replica: str, step: int | None, metrics: dict[str, object], checkpoint: str | None

@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -24,9 +25,12 @@ from typing import Protocol
 from trainguard.errors import CallRefused
 from trainguard.master.sdk_wire import (
     MAX_BODY_BYTES,
+    MESSAGE_BURST,
+    MESSAGE_RATE_PER_S,
     SHOWN_CHARS,
     Body,
     HttpError,
+    RateBucket,
     json_object,
     read_checkpoint,
     read_given_step,
@@ -112,6 +116,11 @@ _ROUTES: dict[str, Callable[[SdkHandler, str, Body], None]] = {
     "/v1/snapshot": lambda h, replica, b: h.on_snapshot(replica, read_given_step(b), read_world(b)),
 }
 _PING = "/v1/ping"
+_MESSAGE = "/v1/message"
+_OVER_RATE = (
+    f"text: over {MESSAGE_RATE_PER_S:g} custom messages a second from this job (after a "
+    f"first {MESSAGE_BURST}); this one was dropped"
+)
 
 
 class SdkServer:
@@ -127,6 +136,7 @@ class SdkServer:
         self._expected = f"Bearer {token}".encode()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._messages = RateBucket(MESSAGE_RATE_PER_S, MESSAGE_BURST)  # the job's, all replicas
 
     async def start(self, host: str | None = None) -> None:
         """Listen on `host` (default: the one given at construction)."""
@@ -206,6 +216,8 @@ class SdkServer:
         try:
             body = json_object(request.body)
             replica = read_replica(body)
+            if request.path == _MESSAGE and not self._messages.take(time.monotonic()):
+                raise HttpError(HTTPStatus.TOO_MANY_REQUESTS, _OVER_RATE)
             route(self._handler, replica, body)  # validates before it calls the handler
         except HttpError as err:
             return err.status, {"error": err.message}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from http import HTTPStatus
 
 from trainguard.spec.limits import MAX_SECONDS
@@ -149,6 +150,36 @@ def read_checkpoint(body: Body) -> str | None:
     if value is not None and not (isinstance(value, str) and _CHECKPOINT_NAME.match(value)):
         raise _bad("checkpoint", "null or a name like checkpoint_000001", value)
     return value
+
+
+MESSAGE_RATE_PER_S = 5.0
+MESSAGE_BURST = 100
+"""Custom messages a job may send: this many a second, after a first burst of this many.
+Each is a row, a line of the master's log and perhaps a notification: a loop that sends
+one a step must not fill the disk (50,000 of them once made 400 MB)."""
+
+
+@dataclass
+class RateBucket:
+    """A token bucket: `take` says whether one more may pass now (a value: no clock of its own)."""
+
+    rate_per_s: float
+    burst: int
+    tokens: float = field(init=False)
+    at_s: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)  # full at first
+
+    def take(self, now_s: float) -> bool:
+        if self.at_s is not None:
+            elapsed = max(0.0, now_s - self.at_s)
+            self.tokens = min(float(self.burst), self.tokens + elapsed * self.rate_per_s)
+        self.at_s = now_s
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
 
 
 def read_text(body: Body) -> str:

@@ -30,42 +30,71 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])  # field 22 overall: starttime
 
 
-def master_identity() -> dict[str, object]:
+def _identity(prefix: str) -> dict[str, object]:
     pid = os.getpid()
     return {
-        "master_pid": pid,
-        "master_host": socket.gethostname(),
-        "master_started_ticks": process_start_ticks(pid),
+        f"{prefix}_pid": pid,
+        f"{prefix}_host": socket.gethostname(),
+        f"{prefix}_started_ticks": process_start_ticks(pid),
     }
 
 
+def master_identity() -> dict[str, object]:
+    """This process, as the job's master (written by the master itself, and only by it)."""
+    return _identity("master")
+
+
+def starter_identity() -> dict[str, object]:
+    """This process, as the server that admitted a job whose master is not up yet."""
+    return _identity("starter")
+
+
+def master_up(job: JobRow) -> bool:
+    """Whether the job's master has written its identity (a server job's, once started)."""
+    return job.master_pid is not None
+
+
 def master_alive(job: JobRow) -> bool:
-    if job.master_host != socket.gethostname():
-        return True  # another machine's master: not ours to judge
-    pid = job.master_pid
+    """The master's process still runs; before it is up, the server that starts it does."""
+    if not master_up(job) and job.starter_pid is not None:
+        return _alive(job.starter_host, job.starter_pid, job.starter_started_ticks)
+    return _alive(job.master_host, job.master_pid, job.master_started_ticks)
+
+
+def _alive(host: str | None, pid: int | None, started_ticks: int | None) -> bool:
+    if host != socket.gethostname():
+        return True  # another machine's process: not ours to judge
     if not isinstance(pid, int):
         return False
     ticks = process_start_ticks(pid)
-    return ticks is not None and ticks == job.master_started_ticks
+    return ticks is not None and ticks == started_ticks
 
 
 def reap_interrupted(store: Store) -> list[str]:
-    """Mark live jobs whose master is gone as INTERRUPTED; returns their ids."""
+    """Mark live jobs whose master is gone as INTERRUPTED (CANCELLED if a cancel waited for a
+    master that never came up); returns their ids."""
     reaped: list[str] = []
     for job in store.live_jobs():
         if master_alive(job):
             continue
-        msg = (
-            f"The master (pid {job.master_pid}) stopped while the job was "
-            f"{job.state}; the job was interrupted."
-        )
+        state, code = JobState.INTERRUPTED, ErrorCode.MASTER_LOST
+        if master_up(job):
+            msg = (
+                f"The master (pid {job.master_pid}) stopped while the job was "
+                f"{job.state}; the job was interrupted."
+            )
+        else:
+            msg = f"The server (pid {job.starter_pid}) stopped before the job's master was up."
+            if job.cancel_requested_at_s is not None:  # the held cancel: never auto-resumed
+                state, code = JobState.CANCELLED, ErrorCode.CANCELLED
+                msg += " It had been cancelled meanwhile."
         if store.set_state_if(
             str(job.id),
             str(job.state),
-            JobState.INTERRUPTED.value,
+            state.value,
             time.time(),
             ended_at_s=time.time(),
-            error_code=ErrorCode.MASTER_LOST,
+            error_code=code,
             error_message=msg,
         ):
             store.close_open_rows(str(job.id), time.time(), "interrupted")

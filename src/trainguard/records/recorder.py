@@ -17,8 +17,9 @@ from trainguard.notify.notifier import Notifier
 from trainguard.policy.budgets import Failure
 from trainguard.policy.classes import Classification
 from trainguard.records.schema import (
+    CUSTOM_MESSAGE_EVENT,
+    KEPT_CUSTOM_MESSAGES,
     attempts,
-    events,
     failure_records,
     jobs,
     progress,
@@ -346,15 +347,9 @@ class Recorder:
         )
 
     def event(self, at_s: float, replica: str | None, kind: str, text: str) -> None:
-        self._insert(
-            events,
-            job_id=self.job_id,
-            at_s=at_s,
-            replica=replica,
-            kind=kind,
-            text=text,
-        )
-        if kind == "custom_message":
+        keep = KEPT_CUSTOM_MESSAGES if kind == CUSTOM_MESSAGE_EVENT else None
+        self._write(self.store.insert_event, self.job_id, at_s, replica, kind, text, keep=keep)
+        if kind == CUSTOM_MESSAGE_EVENT:
             self._notify("custom_message", text, replica=replica)
 
     def restart(self, **values: Any) -> int:

@@ -47,6 +47,10 @@ class JobRow(_Row):
     priority: int | None
     queued_reason: str | None
     queued_at_s: float | None
+    starter_pid: int | None
+    starter_host: str | None
+    starter_started_ticks: int | None
+    cancel_requested_at_s: float | None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,13 @@ jobs = Table(
     Column("priority", Integer),
     Column("queued_reason", Text),
     Column("queued_at_s", Float),  # when it (last) entered the queue: FIFO order and max wait
+    # The server that admitted the job, until its master writes its own identity above: it
+    # answers for the job's liveness meanwhile, and is never signalled in its master's place.
+    Column("starter_pid", Integer),
+    Column("starter_host", String(255)),
+    Column("starter_started_ticks", BigInteger),
+    # A cancel asked before the master was up: held here, applied by the master when it is.
+    Column("cancel_requested_at_s", Float),
 )
 
 attempts = Table(
@@ -156,6 +163,10 @@ progress = Table(
 DECISION_EVENT = "decision"  # a decision no failure led to (capacity, expiry, partial success)
 HANG_CLEARED_EVENT = "hang_cleared"  # a hang report withdrawn: a sign of life came meanwhile
 WARM_START_EVENT = "warm_start"  # how the replicas started: forked warm, or cold and why
+CUSTOM_MESSAGE_EVENT = "custom_message"  # what training code said (send_custom_message)
+KEPT_CUSTOM_MESSAGES = 1000
+"""A job's custom messages kept: the newest; an older one goes as a new one comes (their
+rate and size are bounded at the SDK channel: master.sdk_wire)."""
 
 # What training code said (send_custom_message) and other notable moments of a job.
 events = Table(

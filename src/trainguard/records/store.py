@@ -17,6 +17,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Table,
+    delete,
     func,
     insert,
     inspect,
@@ -28,10 +29,14 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from trainguard.errors import JobNotFound, StoreError
 from trainguard.records.engine import (
+    PRIVATE_DIR,
     SCHEMA_LOCK,
     default_home,
     engine_for,
     one_line,
+    private_dir,
+    private_file,
+    private_sqlite,
     shown,
 )
 from trainguard.records.rows import (
@@ -70,14 +75,16 @@ class Store:
         self.home = home or default_home()
         try:
             if url is None:
-                self.home.mkdir(parents=True, exist_ok=True)
+                self.home.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
                 url = f"sqlite:///{self.home / 'trainguard.db'}"
             self.engine: Engine = engine_for(url)
             if self.engine.dialect.name == "sqlite":
                 # Two commands opening a new store at once must not both create tables.
-                self.home.mkdir(parents=True, exist_ok=True)  # holds the lock, whatever the URL
-                with open(self.home / "trainguard.lock", "a") as lock:
+                self.home.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)  # the lock, the logs
+                private_dir(self.home / "jobs")
+                with open(private_file(self.home / "trainguard.lock"), "a") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
+                    private_sqlite(url)
                     self._create_schema()
             else:
                 self._create_schema()
@@ -190,6 +197,65 @@ class Store:
             )
             return True
 
+    def hold_cancel(self, job_id: str, at_s: float) -> bool:
+        """Keep a cancel for a live job whose master is not up yet; False if it is up by now
+        (or the job is over): then the master itself must be asked."""
+        live = [s.value for s in JobState if not s.is_terminal]
+        with self._tx() as conn:
+            res = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.master_pid.is_(None), jobs.c.state.in_(live))
+                .values(cancel_requested_at_s=at_s)
+            )
+            return res.rowcount == 1
+
+    def claim_master(self, job_id: str, identity: dict[str, Any]) -> JobRow | None:
+        """Write the master's identity into an admitted (PENDING) job, in the transaction that
+        reads what was held for it (a cancel); None if the job is not PENDING any more."""
+        with self._tx() as conn:
+            res = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == JobState.PENDING.value)
+                .values(**identity)
+            )
+            if res.rowcount != 1:
+                return None
+            return JobRow.of(conn.execute(select(jobs).where(jobs.c.id == job_id)).one()._mapping)
+
+    def insert_event(
+        self,
+        job_id: str,
+        at_s: float,
+        replica: str | None,
+        kind: str,
+        text: str,
+        keep: int | None = None,
+    ) -> int:
+        """Add an event; with `keep`, only the newest `keep` of its kind stay (one
+        transaction: a reader never sees more)."""
+        with self._tx() as conn:
+            res = conn.execute(
+                insert(events).values(
+                    job_id=job_id, at_s=at_s, replica=replica, kind=kind, text=text
+                )
+            )
+            if keep is not None:
+                oldest_kept = (
+                    select(events.c.id)
+                    .where(events.c.job_id == job_id, events.c.kind == kind)
+                    .order_by(events.c.id.desc())
+                    .limit(1)
+                    .offset(keep - 1)
+                    .scalar_subquery()
+                )
+                conn.execute(
+                    delete(events).where(
+                        events.c.job_id == job_id, events.c.kind == kind, events.c.id < oldest_kept
+                    )
+                )
+            key = res.inserted_primary_key
+            return int(key[0]) if key and isinstance(key[0], int) else 0
+
     def close_open_rows(self, job_id: str, at_s: float, outcome: str) -> None:
         """End the attempts and runs of a job whose master vanished mid-way."""
         with self._tx() as conn:
@@ -288,15 +354,30 @@ class Store:
             stmt = stmt.where(stack_snapshots.c.attempt == attempt)
         return self._typed(SnapshotRow, stmt.order_by(stack_snapshots.c.id))
 
-    def progress_of(self, job_id: str) -> list[ProgressRow]:
-        return self._typed(
-            ProgressRow, select(progress).where(progress.c.job_id == job_id).order_by(progress.c.id)
-        )
+    def progress_of(self, job_id: str, last: int | None = None) -> list[ProgressRow]:
+        """A job's progress rows, oldest first (with `last`: only the newest `last`)."""
+        stmt = select(progress).where(progress.c.job_id == job_id)
+        if last is None:
+            return self._typed(ProgressRow, stmt.order_by(progress.c.id))
+        return self._typed(ProgressRow, stmt.order_by(progress.c.id.desc()).limit(last))[::-1]
 
     def events_of(self, job_id: str) -> list[EventRow]:
         return self._typed(
             EventRow, select(events).where(events.c.job_id == job_id).order_by(events.c.id)
         )
+
+    def events_page(
+        self, job_id: str, limit: int, after: int | None = None, before: int | None = None
+    ) -> tuple[list[EventRow], bool]:
+        """The newest `limit` events with ids in (after, before), oldest first, and whether
+        older ones (in that range) were left out: a page to show, never every event."""
+        stmt = select(events).where(events.c.job_id == job_id)
+        if after is not None:
+            stmt = stmt.where(events.c.id > after)
+        if before is not None:
+            stmt = stmt.where(events.c.id < before)
+        rows = self._typed(EventRow, stmt.order_by(events.c.id.desc()).limit(limit + 1))
+        return rows[:limit][::-1], len(rows) > limit
 
     def restarts_of(self, job_id: str) -> list[RestartRow]:
         return self._typed(

@@ -12,10 +12,12 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, TrainguardError
 from trainguard.records.queries import StoreReader
+from trainguard.service.config import challenge_proof
 from trainguard.service.metrics import render_metrics
 from trainguard.service.scheduler import Service
 from trainguard.spec.limits import MAX_LIMIT
@@ -23,6 +25,8 @@ from trainguard.spec.limits import MAX_LIMIT
 JOB_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 REPLICA = r"^[a-z][a-z0-9_-]{0,31}-[0-9]{1,5}$"
 JobRef = Annotated[str, Path(pattern=JOB_REF)]
+EVENTS_PAGE, MAX_EVENTS_PAGE = 200, 1000
+"""Events in one answer of /history, by default and at most."""
 
 
 def _error(status: int, exc: Exception) -> JSONResponse:
@@ -37,6 +41,20 @@ def _handler(status: int) -> Callable[[Request, Exception], JSONResponse]:
         return _error(status, exc)
 
     return handle
+
+
+def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own validation errors, as ours: one line a problem, never the input echoed
+    (a body of `1e999` or `NaN` is a float JSON cannot carry back: it answered 500)."""
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ())) or "request"
+        what = error.get("msg", "invalid")
+        if error.get("type") == "dict_type" and tuple(error.get("loc", ())) == ("body",):
+            what = 'must be a JSON object: {"spec": {...job spec...}, "cwd": "/path"}'
+        problems.append(f"{where}: {what}")
+    return JSONResponse({"detail": "; ".join(problems), "problems": problems}, status_code=422)
 
 
 def _web_file(name: str) -> str:
@@ -70,6 +88,8 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
         (TrainguardError, 400),
     ):
         app.add_exception_handler(kind, _handler(code))
+    app.add_exception_handler(RequestValidationError, _invalid)
+    open_app.add_exception_handler(RequestValidationError, _invalid)
 
     @app.get("/api/jobs")
     def list_jobs(limit: Annotated[int, Query(ge=1, le=10000)] = 50) -> list[dict[str, Any]]:
@@ -115,12 +135,22 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
         return reader.goodput(ref)
 
     @app.get("/api/jobs/{ref}/history")
-    def history(ref: JobRef) -> dict[str, Any]:
+    def history(
+        ref: JobRef,
+        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS_PAGE)] = EVENTS_PAGE,
+        after: Annotated[int | None, Query(ge=0)] = None,
+        before: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """Transitions, recent progress, and a page of events: the newest `limit` with ids
+        in (after, before). `events_more`: older ones in that range were left out (ask again
+        with `before` the first id); a poller passes the last id it has as `after`."""
         job = store.resolve_job(ref)
+        page, more = store.events_page(job.id, limit, after, before)
         return {
             "transitions": [t.as_dict() for t in store.transitions_of(job.id)],
-            "events": [e.as_dict() for e in store.events_of(job.id)],
-            "progress": [p.as_dict() for p in store.progress_of(job.id)[-500:]],
+            "events": [e.as_dict() for e in page],
+            "events_more": more,
+            "progress": [p.as_dict() for p in store.progress_of(job.id, last=500)],
         }
 
     @app.get("/api/jobs/{ref}/logs")
@@ -160,6 +190,16 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     @open_app.get("/style.css")
     def style() -> Response:
         return Response(_web_file("style.css"), media_type="text/css")
+
+    @open_app.get("/api/challenge")
+    def challenge(
+        request: Request, nonce: Annotated[str, Query(pattern=r"^[0-9a-f]{32,128}$")]
+    ) -> dict[str, str | None]:
+        """Proof that this server holds its token, for the socket the client reached."""
+        here = request.scope.get("server")
+        if token is None or not here:
+            return {"proof": None}
+        return {"proof": challenge_proof(token, nonce, str(here[0]), int(here[1]))}
 
     @open_app.get("/healthz")
     def health() -> dict[str, str]:

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.errors import SpecError
+from trainguard.errors import SpecError, TrainguardError
 from trainguard.master.runner import new_job_id
-from trainguard.records.control import check_resumable, request_cancel
-from trainguard.records.liveness import master_identity, reap_interrupted
+from trainguard.records.control import HELD_CANCEL, check_resumable, request_cancel
+from trainguard.records.engine import private_dir, private_file
+from trainguard.records.liveness import master_up, reap_interrupted, starter_identity
 from trainguard.records.rows import JobRow
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store, spec_json
@@ -269,13 +270,20 @@ class Service:
 
     async def _admit(self, decision: Admit) -> None:
         job = self.store.job(decision.job_id)
-        values: dict[str, Any] = {"queued_reason": None, **master_identity()}
+        # No master yet (a resumed job's old one is gone): the row names this server as the
+        # job's starter, which answers for it until the master writes its own identity.
+        values: dict[str, Any] = {
+            "queued_reason": None,
+            "master_pid": None,
+            "master_host": None,
+            "master_started_ticks": None,
+            "cancel_requested_at_s": None,
+            **starter_identity(),
+        }
         if decision.gpu_ids is not None:
             spec = json.loads(job.spec_json)
             spec["gpu_inventory"] = list(decision.gpu_ids)
             values["spec_json"] = json.dumps(spec, sort_keys=True)
-        # Until the master writes its own identity, the job's master is this server:
-        # a reader must not take the admitted job for one whose master died.
         if not self.store.set_state_if(
             job.id,
             JobState.QUEUED.value,
@@ -302,7 +310,7 @@ class Service:
 
     async def _start_master(self, job: JobRow) -> None:
         log_dir = Path(job.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(log_dir)
         argv = [sys.executable, "-m", "trainguard", "--home", str(self.store.home)]
         if self.store.engine.url.get_backend_name() != "sqlite":
             argv += ["--db", self.store.engine.url.render_as_string(hide_password=False)]
@@ -312,7 +320,7 @@ class Service:
             env["TRAINGUARD_NOTIFY_RULES"] = json.dumps(
                 [r.model_dump(mode="json") for r in self.config.notifications]
             )
-        with open(log_dir / "master.log", "ab") as out:
+        with open(private_file(log_dir / "master.log"), "ab") as out:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -329,6 +337,32 @@ class Service:
         task.add_done_callback(self._tasks.discard)
 
     async def _reap_child(self, job_id: str, proc: asyncio.subprocess.Process) -> None:
-        await proc.wait()
+        status = await proc.wait()
         self._children.pop(job_id, None)
+        try:
+            await asyncio.to_thread(self._master_exited, job_id, status)
+        except TrainguardError as exc:  # the store refused: say so, the loop goes on
+            self.say(f"job {job_id}: its master exited (status {status}): {exc}")
         self.wake()  # its share of the quota is free now
+
+    def _master_exited(self, job_id: str, status: int) -> None:
+        """A master that exits before it is up leaves its job to no one: end it here."""
+        job = self.store.job(job_id)
+        if master_up(job) or JobState(job.state).is_terminal:
+            return
+        state, code = JobState.FAILED, ErrorCode.INTERNAL
+        msg = f"the job's master exited (status {status}) before it was up; see {job.log_dir}"
+        if job.cancel_requested_at_s is not None:
+            state, code, msg = JobState.CANCELLED, ErrorCode.CANCELLED, HELD_CANCEL
+        now = self.clock()
+        if self.store.set_state_if(
+            job.id,
+            job.state,
+            state.value,
+            now,
+            msg,
+            ended_at_s=now,
+            error_code=code,
+            error_message=msg,
+        ):
+            self.say(f"job {job_id} {state.value}: {msg}")

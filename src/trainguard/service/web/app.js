@@ -469,7 +469,8 @@
         </details>
       </section>`;
 
-    const st = { id, job: null, replica: "", attempt: "", lines: "200", logKey: "" };
+    // events: the newest EVENTS_KEPT seen; each poll asks only for those after the last one
+    const st = { id, job: null, replica: "", attempt: "", lines: "200", logKey: "", events: [], eventsMore: false };
 
     const onLogControl = () => {
       st.replica = $("#log-replica").value;
@@ -522,7 +523,7 @@
           api(jobPath(id, "/records?aggregate=true")),
           api(jobPath(id, "/stacks")),
           api(jobPath(id, "/goodput")),
-          api(jobPath(id, "/history")),
+          api(jobPath(id, st.events.length ? `/history?after=${st.events[st.events.length - 1].id}` : "/history")),
           // no replica has run yet (queued): say so in the log panel, not as an error
           api(jobPath(id, `/logs?${logQuery}`)).catch((e) => {
             if (e.status === 404) return { missing: e.message };
@@ -531,6 +532,7 @@
         ]);
         if (g !== gen) return null;
         st.job = job;
+        keepEvents(st, history);
         renderHead(job);
         syncLogControls(st, job);
         setHTML($("#sec-replicas"), renderReplicas(job, st.replica || (log && log.replica)));
@@ -540,7 +542,7 @@
         setHTML($("#sec-timeline"), renderTimeline(job, records, stacks));
         setHTML($("#sec-stacks"), renderStacks(stacks));
         setHTML($("#sec-history"), renderHistory(job, history));
-        $("#history-count").textContent = `${history.transitions.length} transitions, ${history.events.length} events`;
+        $("#history-count").textContent = `${history.transitions.length} transitions, ${st.eventsMore ? "the latest " : ""}${st.events.length} events`;
         renderLog(st, log);
         return TERMINAL.has(job.state) ? IDLE_JOB_MS : LIVE_MS;
       },
@@ -925,6 +927,24 @@
   }
 
   // ------------------------------------------------------------------ history
+
+  const EVENTS_KEPT = 500;
+
+  // Add a page of /history's events to those the view holds (a page with older events left
+  // out after ours is a gap: start again from it); the history shows what the view holds.
+  function keepEvents(st, history) {
+    if (st.events.length && !history.events_more) {
+      st.events = st.events.concat(history.events);
+    } else {
+      st.events = history.events;
+      st.eventsMore = history.events_more;
+    }
+    if (st.events.length > EVENTS_KEPT) {
+      st.events = st.events.slice(-EVENTS_KEPT);
+      st.eventsMore = true;
+    }
+    history.events = st.events;
+  }
 
   function renderHistory(job, history) {
     const rows = [
