@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from conftest import TG, child, wait_for
 from test_server import Server
 
+from trainguard.records.private import append_private, private_dir
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store
 
@@ -41,6 +43,18 @@ def _others_can_read(home: Path) -> list[str]:
         exposed += [str(folder / f) for f in files if _mode(folder / f) & 0o044]
         exposed += [str(folder / d) for d in dirs if _mode(folder / d) & 0o044]
     return exposed
+
+
+def _not_private(home: Path) -> list[str]:
+    """Paths under `home` with any access for group or others (each, whatever its parent):
+    folders must be 0700, files 0600, so a folder opened up later exposes nothing."""
+    found = []
+    for top, dirs, files in os.walk(home):
+        for name in (*dirs, *files):
+            path = Path(top) / name
+            if not path.is_symlink() and _mode(path) & 0o077:
+                found.append(f"{path.relative_to(home)} {_mode(path):o}")
+    return sorted(found)
 
 
 def test_a_new_store_is_private(tmp_path: Path) -> None:
@@ -78,10 +92,26 @@ def test_a_sqlite_url_elsewhere_is_private_too(tmp_path: Path) -> None:
     assert _mode(db) == 0o600
 
 
+def test_folders_made_below_and_files_appended_to_are_private(tmp_path: Path) -> None:
+    """A replica's log opens its attempt folder and the job's folder above it: each made
+    private (a plain mkdir -p makes the parents by the umask); one made before tightened."""
+    before = tmp_path / "home" / "jobs" / "old"
+    before.mkdir(parents=True, mode=0o755)
+    log = tmp_path / "home" / "jobs" / "j" / "attempt-0" / "worker-0.log"
+    with append_private(log) as fh:
+        fh.write(b"hello\n")
+    private_dir(before)
+    assert _not_private(tmp_path / "home" / "jobs") == []
+    assert _mode(log) == 0o600 and _mode(log.parent) == _mode(log.parent.parent) == 0o700
+
+
 @pytest.mark.slow
 def test_nothing_of_a_run_or_a_server_job_is_readable_by_others(tg: TG, tmp_path: Path) -> None:
     res = tg("run", "--env", "SECRET=hunter2", "--", *child("*:print:hello"))
     assert res.returncode == 0, res.stderr
+    sdk = tg("run", "--", sys.executable, "-c", "import trainguard.sdk")  # its stacks file
+    assert sdk.returncode == 0, sdk.stderr
+    assert list(tg.home.glob("jobs/*/attempt-0/*.stacks.txt")), sorted(tg.home.rglob("*"))
     srv = Server(tg).start()
     try:
         assert _mode(tg.home / "server.json") == 0o600
@@ -94,3 +124,4 @@ def test_nothing_of_a_run_or_a_server_job_is_readable_by_others(tg: TG, tmp_path
         srv.stop()
     assert _mode(tg.home) == 0o700
     assert _others_can_read(tg.home) == []
+    assert _not_private(tg.home) == [], "\n".join(_not_private(tg.home))

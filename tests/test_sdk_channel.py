@@ -19,6 +19,7 @@ from sdk_harness import (  # noqa: F401  (fixtures)
 from trainguard import sdk
 from trainguard.master import sdk_wire
 from trainguard.master.sdk_channel import SdkServer
+from trainguard.spec import limits
 
 # ---------------------------------------------------------------- the wire, raw
 
@@ -83,14 +84,16 @@ LONG = "r" * (sdk_wire.MAX_REPLICA_CHARS + 1)
         ("/v1/retryable_errors", '{"replica": "w", "patterns": ["a", 1]}', "patterns[1]"),
         (
             "/v1/retryable_errors",
-            json.dumps({"replica": "w", "patterns": ["p"] * (sdk_wire.MAX_PATTERNS + 1)}),
+            json.dumps({"replica": "w", "patterns": ["p"] * (limits.MAX_PATTERNS + 1)}),
             "patterns",
         ),
         (
             "/v1/retryable_errors",
-            json.dumps({"replica": "w", "patterns": ["p" * (sdk_wire.MAX_PATTERN_CHARS + 1)]}),
+            json.dumps({"replica": "w", "patterns": ["p" * (limits.MAX_PATTERN_CHARS + 1)]}),
             "patterns[0]",
         ),
+        ("/v1/retryable_errors", '{"replica": "w", "patterns": ["ok", "  "]}', "patterns[1]"),
+        ("/v1/retryable_errors", '{"replica": "w", "patterns": [""]}', "patterns[0]"),
         ("/v1/message", '{"replica": "w"}', "text"),
         (
             "/v1/message",

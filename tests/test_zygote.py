@@ -216,7 +216,9 @@ def test_a_killed_zygote_restarts_the_job_and_sigterm_still_stops_the_master(
     job = tg.only_job()
     assert (job["state"], job["attempts"]) == ("CANCELLED", 2), job
     (rec,) = tg.json("records", job["id"])
-    assert (rec["error_code"], rec["decision"].split(":")[0]) == ("137", "RestartJob"), rec
+    assert (rec["error_code"], rec["decision"].split(":")[0]) == ("INTERNAL", "RestartJob"), rec
+    assert "max_internal_restarts 1/" in rec["decision"], rec  # the master's own process
+    assert "the preload process (the zygote that forked" in rec["error_message"], rec
     # the evidence, kept with each forked run's end: which process died, and how
     note = "the preload process (the zygote that forked this replica) was killed by SIGKILL"
     ends = [r for r in Store(tg.home).runs_of(job["id"], 0)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from trainguard.policy.logtail import MAX_LINE, Tail
+from trainguard.records.private import append_private
 
 LOG_RETRY_S = 5.0
 """How often a log that could not be written is tried again (a disk that filled up)."""
@@ -75,8 +76,7 @@ class RunOutput:
 
     def _open_log(self) -> None:
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - see close()
+            self.log = append_private(self.log_path, buffering=0)  # 0600 in 0700 folders
         except OSError as exc:
             self._failed(exc)
 

@@ -20,6 +20,7 @@ from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE
 from trainguard.policy.classify import (
     internal_failure,
 )
+from trainguard.records.private import append_private
 from trainguard.spec.injection import Injection
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 
@@ -53,10 +54,8 @@ class Faults(MasterCore):
         Returns True when a new attempt should start.
         """
         detail = "".join(traceback.format_exception(exc))
-        with contextlib.suppress(OSError):
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / "master-error.log", "a") as fh:
-                fh.write(detail)
+        with contextlib.suppress(OSError), append_private(self.log_dir / "master-error.log") as fh:
+            fh.write(detail.encode(errors="replace"))
         self.say(f"internal error: {exc!r} (details in {self.log_dir / 'master-error.log'})")
         failure = Failure(
             replica="master",

@@ -9,16 +9,34 @@ import time
 from collections.abc import Sequence
 
 from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
-from trainguard.backends.net import listens
+from trainguard.backends.net import connect_error
 from trainguard.master.attempts import Attempts
 from trainguard.master.events import GroupRejoin, MasterEvent
 from trainguard.policy.actions import RestartGroup
 from trainguard.policy.budgets import Failure
+from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.states import JobState, ReplicaState
 
 SERVICE_READY_S = 60.0
 """How long the replicas wait for the services to listen before they start anyway (the
 services' own exits, if that is why, decide what happens)."""
+
+
+async def not_listening(endpoints: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The endpoints that do not accept a connection now. A probe that failed for want of
+    the master's own resources (EMFILE...) says nothing of the service: it raises, so the
+    master records an internal error rather than blaming the group (issue 37)."""
+    missing = []
+    for host, port in endpoints:
+        error = await connect_error(host, port)
+        if error is None:
+            continue
+        code = error.errno if isinstance(error, OSError) else None
+        if code is not None and is_own_resource_errno(code):
+            what = own_resource_text(code)
+            raise OSError(code, f"probing the service at {host}:{port}: {what}")
+        missing.append((host, port))
+    return missing
 
 
 class Groups(Attempts):
@@ -52,7 +70,7 @@ class Groups(Attempts):
         missing = list(endpoints)
         try:
             while missing:
-                missing = [e for e in missing if not await listens(*e)]
+                missing = await not_listening(missing)
                 while not self._queue.empty():
                     kept.append(self._queue.get_nowait())
                 if not missing or time.monotonic() > deadline:

@@ -13,12 +13,10 @@ import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from trainguard.spec.limits import MAX_SECONDS
+from trainguard.spec.limits import MAX_PATTERNS, MAX_SECONDS, pattern_problems
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_REPLICA_CHARS = 128
-MAX_PATTERNS = 100
-MAX_PATTERN_CHARS = 1000
 MAX_TEXT_CHARS = 4000
 MAX_STEP = 10**15  # more steps than any run takes: a larger number is garbage
 HANG_DETECT_OFF = -1
@@ -114,12 +112,17 @@ def read_seconds(body: Body) -> float | None:
 
 
 def read_patterns(body: Body) -> list[str]:
+    """A list of strings, held to the spec's rule for retryable patterns (its count,
+    length and no blank one: `spec.limits.pattern_problems`, the one place of that rule)."""
     value = body.get("patterns")
     if not (isinstance(value, list) and len(value) <= MAX_PATTERNS):
         raise _bad("patterns", f"a list of at most {MAX_PATTERNS} strings", value)
     for i, pattern in enumerate(value):
-        if not (isinstance(pattern, str) and len(pattern) <= MAX_PATTERN_CHARS):
-            raise _bad(f"patterns[{i}]", f"a string of at most {MAX_PATTERN_CHARS} chars", pattern)
+        if not isinstance(pattern, str):
+            raise _bad(f"patterns[{i}]", "a string", pattern)
+    problems = pattern_problems(value, "patterns")
+    if problems:
+        raise HttpError(HTTPStatus.BAD_REQUEST, problems[0])
     return value
 
 

@@ -6,7 +6,8 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 
 1. the exit itself: a clean exit, a stop the master asked for, a command that never
    started (an internal error where the master's machine ran out of descriptors or
-   processes: `own_errors`);
+   processes: `own_errors`), a replica that died with the master's own warm-start
+   process (an internal error; a host OOM where the OOM-kill counter rose);
 2. the job's own retryable keywords, anywhere in the tail;
 3. a SIGKILL while the cgroup's OOM-kill counter rose: host OOM;
 4. the catalogue (signatures.yaml), first on the exception that closes the last
@@ -22,6 +23,7 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -39,7 +41,7 @@ from trainguard.policy.fingerprint import fingerprint
 from trainguard.policy.learned import reconsider
 from trainguard.policy.logcontext import phase_of
 from trainguard.policy.logtail import exception_block
-from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
+from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text, zygote_death
 from trainguard.signals import decode_returncode, signal_name
 
 
@@ -88,6 +90,9 @@ def classify_by_rules(ev: ExitEvidence, rules: Rules | None = None) -> Classific
         return Classification(
             ExitKind.STOP_REQUESTED, None, False, "stop-requested", code, sig_name, "stopped", ""
         )
+    how = zygote_death(ev.log_tail) if sig == signal.SIGKILL else None
+    if how is not None:
+        return zygote_failure(ev, code, how)
 
     kind = ExitKind.SIGNAL if sig is not None else ExitKind.NONZERO
     rules = rules or Rules.default()
@@ -150,6 +155,47 @@ def own_spawn_failure(replica: str, code: int) -> Classification:
         reason,
         f"{INTERNAL_ERROR_MESSAGE} Termination reason: {reason}.",
         fingerprint=fingerprint(f"internal:spawn:{what}"),
+    )
+
+
+def zygote_failure(ev: ExitEvidence, code: int, how: str) -> Classification:
+    """The replica died with the preload process that forked it (`how` it died): the
+    master's own process, so an internal error, retried as one; where the OOM-kill
+    counter rose meanwhile, the kernel chose the zygote (it holds torch) for a host OOM."""
+    if ev.oom_kills > 0:
+        reason = (
+            "the preload process (the zygote that forked this replica) was killed by the "
+            "kernel's OOM killer; the replica died with it"
+        )
+        message = (
+            f"The replica {ev.replica} ran out of memory: the kernel's OOM killer killed the "
+            f"preload process (the zygote that forked it), and the replica died with it "
+            f"(exit status {code})."
+        )
+        return Classification(
+            ExitKind.SIGNAL,
+            FailureClass.HOST_OOM,
+            False,
+            "zygote-oom",
+            code,
+            "SIGKILL",
+            reason,
+            message,
+            fingerprint=fingerprint("host_oom:zygote"),
+            confidence=0.99,
+        )
+    reason = f"the preload process (the zygote that forked {ev.replica}) was {how}"
+    return Classification(
+        ExitKind.SIGNAL,
+        FailureClass.INTERNAL,
+        True,
+        "zygote-died",
+        code,
+        "SIGKILL",
+        reason,
+        f"{INTERNAL_ERROR_MESSAGE} Termination reason: {reason}; the replica died with it.",
+        fingerprint=fingerprint(f"internal:zygote:{how}"),
+        confidence=0.95,
     )
 
 

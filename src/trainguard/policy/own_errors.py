@@ -1,7 +1,8 @@
 """Errors of the master's own machine (issue 37): an errno that says this process ran out of
 something (file descriptors, processes, memory) when it tried to start a replica or probe a
 node. It is never the job's fault nor a node's: such a spawn is an internal error, and
-such a probe could not run (neither alive nor lost)."""
+such a probe could not run (neither alive nor lost). Likewise the death of the master's own
+warm-start process (the zygote), which takes the replicas it forked along."""
 
 from __future__ import annotations
 
@@ -33,3 +34,24 @@ def own_resource_text(code: int) -> str:
     name = errno.errorcode.get(code, str(code))
     what = _WHAT_RAN_OUT.get(code)
     return f"{name} ({os.strerror(code)})" + (f": out of {what}" if what else "")
+
+
+ZYGOTE_DIED = "trainguard: the preload process (the zygote that forked this replica) was "
+"""How the local backend's note on a forked replica's end begins when its warm-start
+process died (the replica dies with it: PR_SET_PDEATHSIG). One text, written by the
+backend (`zygote_death_note`) and read by the classifier (`zygote_death`)."""
+_ZYGOTE_DIED_TAIL = "; the replica died with it"
+
+
+def zygote_death_note(how: str) -> str:
+    """The note for a replica whose zygote died `how` ("killed by SIGKILL", "exited with 1")."""
+    return f"{ZYGOTE_DIED}{how}{_ZYGOTE_DIED_TAIL}"
+
+
+def zygote_death(lines: tuple[str, ...]) -> str | None:
+    """How the zygote died, where the tail ends in the backend's note (it is appended after
+    the replica's own output, so only the last line counts), else None."""
+    last = lines[-1] if lines else ""
+    if last.startswith(ZYGOTE_DIED) and last.endswith(_ZYGOTE_DIED_TAIL):
+        return last[len(ZYGOTE_DIED) : -len(_ZYGOTE_DIED_TAIL)] or None
+    return None

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainguard.records.private import private_dir, tighten
+
 PREFIX = ".incoming-"
 LOCK = ".lock"
 QUIET_S = 600.0
@@ -126,11 +128,12 @@ class Incoming:
 
 
 def copy(files: Listing, into: Path) -> None:
-    """Contents and modes; each file's time is the copy's (what `sweep` reads)."""
+    """Contents and the owner's modes (the copy is private: `records.private`); each
+    file's time is the copy's (what `sweep` reads)."""
     for rel in files.folders:
-        (into / rel).mkdir(parents=True, exist_ok=True)
+        private_dir(into / rel)
     for rel, path in files.files.items():
-        shutil.copy(path, into / rel)
+        tighten(Path(shutil.copy(path, into / rel)))
 
 
 def sweep(root: Path, now_s: float | None = None) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Any
 from trainguard.backends.storage_check import STORAGE_CHECK
 from trainguard.records import checkpoint_copy
 from trainguard.records.checkpoint_copy import Incoming, Listing
+from trainguard.records.private import private_dir
 
 MANIFEST = "trainguard-manifest.json"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
@@ -63,8 +64,8 @@ class _Local:
 
     def write(self, rel: str, data: bytes) -> None:
         path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        private_dir(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -78,7 +79,7 @@ class _Local:
     def upload(self, files: Listing, name: str, manifest: bytes) -> bool:
         """Copy under a hidden name (locked: `checkpoint_copy`), add the manifest, rename
         into place."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         with Incoming(self.root) as tmp:
             checkpoint_copy.copy(files, tmp.path)
             (tmp.path / MANIFEST).write_bytes(manifest)

@@ -4,7 +4,6 @@ schema lock, connection pools that do not cross a fork, and one-line errors."""
 from __future__ import annotations
 
 import os
-import stat
 import weakref
 from pathlib import Path
 from typing import Any
@@ -13,34 +12,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from trainguard.records.private import private_file
+
 
 def default_home() -> Path:
     return Path(os.environ.get("TRAINGUARD_HOME", ".trainguard")).resolve()
-
-
-PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
-"""The store's folders and files are its user's alone: job specs hold environment values
-(secrets among them), logs hold what the job printed."""
-
-
-def private_dir(path: Path) -> Path:
-    """Make `path` (and its parents) as a folder of this user's only; tighten one that is not."""
-    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-    return _tighten(path, PRIVATE_DIR)
-
-
-def private_file(path: Path) -> Path:
-    """Make `path` an (empty) file of this user's only, unless it exists; tighten it if not."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, PRIVATE_FILE))
-    return _tighten(path, PRIVATE_FILE)
-
-
-def _tighten(path: Path, mode: int) -> Path:
-    """Take group and others' access away from what this user owns (a store made before)."""
-    found = path.stat()
-    if found.st_mode & 0o077 and found.st_uid == os.geteuid():
-        path.chmod(stat.S_IMODE(found.st_mode) & mode)
-    return path
 
 
 def private_sqlite(url: str) -> None:

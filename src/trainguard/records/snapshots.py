@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trainguard.records.private import private_dir, private_file
+
 MAGIC = b"trainguard-snapshot 2\n"
 HEADER_BYTES = 4096
 """The magic and the header line, padded: the payload starts on a page of its own."""
@@ -86,8 +88,8 @@ def make_root(job_id: str, fallback: Path) -> Path:
     sweep(base)
     root = base / f"trainguard-{job_id}"
     shutil.rmtree(root, ignore_errors=True)  # a killed master's: not this master's to offer
-    root.mkdir(parents=True, mode=0o700)
-    (root / OWNER).write_text(str(os.getpid()))
+    private_dir(root)
+    private_file(root / OWNER).write_text(str(os.getpid()))
     return root
 
 
@@ -191,7 +193,7 @@ class Writer:
 
     def _slot_for(self, step: int, nbytes: int, reusable: bool) -> _Slot:
         target = step_dir(self.root, step) / rank_file(self.rank)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(target.parent)
         old = self._slots.pop(step, None)
         if old is None and len(self._slots) >= KEEP:
             old = self._slots.pop(next(iter(self._slots)))
@@ -338,7 +340,7 @@ def persist(root: Path, step: int, world: int, stage: Path) -> Path | None:
     """Hard-link a complete step into `stage` (instant, and safe from the ranks' clean-up),
     to be committed from there; None if the step is no longer complete."""
     folder = step_dir(root, step)
-    stage.mkdir(parents=True, exist_ok=True)
+    private_dir(stage)
     try:
         for rank in range(world):
             os.link(folder / rank_file(rank), stage / rank_file(rank))

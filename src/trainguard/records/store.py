@@ -29,16 +29,14 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from trainguard.errors import JobNotFound, StoreError
 from trainguard.records.engine import (
-    PRIVATE_DIR,
     SCHEMA_LOCK,
     default_home,
     engine_for,
     one_line,
-    private_dir,
-    private_file,
     private_sqlite,
     shown,
 )
+from trainguard.records.private import PRIVATE_DIR, private_dir, private_file
 from trainguard.records.rows import (
     AttemptRow,
     EventRow,

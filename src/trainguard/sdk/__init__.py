@@ -190,7 +190,9 @@ def _register_faulthandler() -> None:
     if not hasattr(signal, "SIGUSR2"):
         return
     try:
-        _faulthandler_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- kept open
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)  # under the job's private folder: private too
+        _faulthandler_file = os.fdopen(fd, "a", encoding="utf-8")  # kept open
     except OSError as exc:
         channel.warn_once(
             "faulthandler", f"trainguard.sdk: cannot open {path} for stack dumps: {exc}"

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import SpecError, TrainguardError
-from trainguard.master.runner import new_job_id
+from trainguard.master.runner import new_job_id, refuse_unless_ready
 from trainguard.records.control import HELD_CANCEL, check_resumable, request_cancel
-from trainguard.records.engine import private_dir, private_file
 from trainguard.records.liveness import master_up, reap_interrupted, starter_identity
+from trainguard.records.private import private_dir, private_file
 from trainguard.records.rows import JobRow
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store, spec_json
@@ -81,8 +81,11 @@ class Service:
     # -------------------------------------------------------------- operations
 
     def submit(self, data: Any, cwd: str | None = None) -> JobRow:
-        """Validate and queue a job; SpecError names every problem and nothing is stored."""
+        """Validate and queue a job; SpecError names every problem and nothing is stored.
+        Its masters start here, so a backend this server cannot run (slurm outside an
+        allocation, ray that does not import) is refused now, as `run` refuses it."""
         spec = validate_spec(data)
+        refuse_unless_ready(spec)
         workdir = Path(cwd) if cwd else Path.cwd()
         if not workdir.is_absolute() or not workdir.is_dir():
             raise SpecError([f"cwd: not a folder on the server: {cwd!r}"])

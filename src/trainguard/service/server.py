@@ -13,7 +13,7 @@ import uvicorn
 
 from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.errors import SpecError
-from trainguard.records.engine import PRIVATE_DIR, private_dir, private_file
+from trainguard.records.private import PRIVATE_DIR, private_dir, private_file
 from trainguard.records.store import Store
 from trainguard.service.api import create_app
 from trainguard.service.config import TOKEN_FILE, ServerConfig, home_token

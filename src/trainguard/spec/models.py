@@ -287,12 +287,19 @@ class JobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _nodes_need_slurm(self) -> JobSpec:
-        """Only a Slurm allocation spreads replicas over `nodes`: elsewhere they are ignored."""
+        """Only a Slurm allocation spreads replicas over `nodes`: elsewhere they would be
+        ignored, so they are refused (Ray places its bundles by `ray.placement_strategy`:
+        a node count has no meaning there, even 1, which `pack` does not promise)."""
         nodes = self.slurm.nodes
         if self.backend == "local" and nodes is not None and nodes > 1:
             raise ValueError(
                 f"slurm.nodes: {nodes} nodes need the slurm backend (inside an allocation); "
                 "the local backend runs every replica on this machine"
+            )
+        if self.backend == "ray" and nodes is not None:
+            raise ValueError(
+                f"slurm.nodes: {nodes} node(s) need the slurm backend; the ray backend "
+                "places replicas by ray.placement_strategy (spread or pack), not a node count"
             )
         return self
 

@@ -43,6 +43,7 @@ from trainguard.backends.mpi.launch import (
 from trainguard.backends.output import RunOutput
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.records.private import private_dir, private_file
 
 _POLL_S = 0.05
 LAUNCHER_ROLE = "launcher"
@@ -107,8 +108,8 @@ class MpiBackend:
             return
         (launcher,) = launchers
         hostfile = launcher.log_path.parent / "mpi-hostfile"
-        hostfile.parent.mkdir(parents=True, exist_ok=True)
-        hostfile.write_text(hostfile_text([("127.0.0.1", max(1, len(ranks)))]))
+        private_dir(hostfile.parent)
+        private_file(hostfile).write_text(hostfile_text([("127.0.0.1", max(1, len(ranks)))]))
         program = exit_on_error(list(ranks[0].argv)) if ranks else ["true"]
         names = sorted(k for k in launcher.env if k.startswith("TRAINGUARD_"))
         own = list(launcher.argv)  # `mpirun` and the user's own flags
