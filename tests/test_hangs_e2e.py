@@ -135,7 +135,14 @@ def test_an_exit_hang_is_detected_and_retried(tg: TG) -> None:
 def _gpu_spec(tmp_path: Path, inventory: list[int]) -> Path:
     spec = tmp_path / "job.yaml"
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
-    actions = ["*:env:CUDA_VISIBLE_DEVICES", f"1@0:print:{xid}", "1@0:exit:1", "*:sleep:0.2"]
+    actions = [
+        "*:env:CUDA_VISIBLE_DEVICES",
+        "*:env:LOCAL_RANK",
+        "*:env:TRAINGUARD_OWN_DEVICES",
+        f"1@0:print:{xid}",
+        "1@0:exit:1",
+        "*:sleep:0.2",
+    ]
     argv = ", ".join(f"'{a}'" for a in [*child(*actions)])
     spec.write_text(
         f"name: gpus\ngpu_inventory: {inventory}\nsuccess_policy: all\n"
@@ -143,6 +150,12 @@ def _gpu_spec(tmp_path: Path, inventory: list[int]) -> Path:
         f"    command: [{argv}]\n"
     )
     return spec
+
+
+def _own_gpu(log: str) -> str:
+    """The GPU at LOCAL_RANK of CUDA_VISIBLE_DEVICES, as a replica printed them."""
+    env = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+    return env["CUDA_VISIBLE_DEVICES"].split(",")[int(env["LOCAL_RANK"])]
 
 
 def test_a_hardware_fault_isolates_the_gpu(tg: TG, tmp_path: Path) -> None:
@@ -155,9 +168,12 @@ def test_a_hardware_fault_isolates_the_gpu(tg: TG, tmp_path: Path) -> None:
         for a in (0, 1)
         for r in (0, 1)
     }
-    assert "CUDA_VISIBLE_DEVICES=1" in logs[(0, 1)]
-    assert "CUDA_VISIBLE_DEVICES=0" in logs[(1, 0)]
-    assert "CUDA_VISIBLE_DEVICES=2" in logs[(1, 1)]  # GPU 1 was taken out
+    # Each rank sees the attempt's GPUs as torchrun shows a node's, so `cuda:LOCAL_RANK`
+    # is its own (what torch.cuda.set_device(LOCAL_RANK) picks), GPU 1 gone after it.
+    own = {key: _own_gpu(log) for key, log in logs.items()}
+    assert own == {(0, 0): "0", (0, 1): "1", (1, 0): "0", (1, 1): "2"}  # GPU 1 was taken out
+    assert "CUDA_VISIBLE_DEVICES=0,2" in logs[(1, 0)]
+    assert "TRAINGUARD_OWN_DEVICES=None" in logs[(1, 1)]  # the master's note stays its own
     (rec,) = tg.json("records", job["id"])
     assert rec["isolated"] == "GPU 1 isolated: hardware fault on worker-1 (gpu-xid)"
 

@@ -10,8 +10,11 @@ nodes are numbered in the order of their lowest rank (torchrun's `--node-rank`, 
   `GROUP_WORLD_SIZE`, and `NODE_RANK` beside `GROUP_RANK`) are rewritten where the preset
   set them, within each process group: the ranks that meet at one store (`MASTER_ADDR`,
   `MASTER_PORT`; a torchft replica group has its own).
-- `CUDA_VISIBLE_DEVICES`: every rank of a node sees the GPUs of all the node's ranks, in
-  local-rank order, as under torchrun, so `cuda:LOCAL_RANK` is the rank's own GPU.
+- `CUDA_VISIBLE_DEVICES`: every rank of a node sees the GPUs of all the node's ranks of
+  its process group (of all the node's ranks, for one outside any), in local-rank order,
+  as under torchrun, so `cuda:LOCAL_RANK` is the rank's own GPU. One machine is one node
+  (`backends.local.node_layout`): the same layout, from the ids the master handed out
+  (`OWN_DEVICES`).
 - Slurm's task variables (`slurm_env`): what one `srun` of the whole layout would set.
 """
 
@@ -22,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEVICES = "CUDA_VISIBLE_DEVICES"
+# The GPU ids the master handed a replica itself (beside DEVICES, which a layout widens):
+# read by the one-machine layout, removed by every backend before a process sees it.
+OWN_DEVICES = "TRAINGUARD_OWN_DEVICES"
 _TORCHRUN_NODE = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
 
 
@@ -86,9 +92,10 @@ def placed_envs(
     envs = {r: launches[r][1] for r in sorted(placed, key=lambda r: placed[r][0])}
     out: dict[str, dict[str, str]] = {r: {} for r in envs}
     groups: dict[tuple[str, str], dict[str, tuple[int, str]]] = {}
+    group_of: dict[str, tuple[str, str]] = {}
     for replica, env in envs.items():
         if "LOCAL_RANK" in env and env.get("RANK", "").isdigit():
-            key = (env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""))
+            key = group_of[replica] = (env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""))
             groups.setdefault(key, {})[replica] = (int(env["RANK"]), nodes[replica])
     for members in groups.values():
         for replica, slot in slots(members).items():
@@ -96,12 +103,16 @@ def placed_envs(
             out[replica].update(torchrun_env(slot, present))
     if devices is None:
         devices = node_local_devices(envs, nodes)
-    on_node: dict[str, list[str]] = {}
-    for replica in envs:  # in rank order: a node's ids in local-rank order
-        on_node.setdefault(nodes[replica], []).extend(devices.get(replica, ()))
+    # (node, group or None for the whole node) -> its ids, in rank order: local-rank order
+    on: dict[tuple[str, tuple[str, str] | None], list[str]] = {}
+    for replica in envs:
+        ids = devices.get(replica, ())
+        on.setdefault((nodes[replica], None), []).extend(ids)
+        if replica in group_of:
+            on.setdefault((nodes[replica], group_of[replica]), []).extend(ids)
     for replica in envs:
         if devices.get(replica):
-            out[replica][DEVICES] = ",".join(on_node[nodes[replica]])
+            out[replica][DEVICES] = ",".join(on[nodes[replica], group_of.get(replica)])
     return out
 
 
@@ -113,7 +124,7 @@ def node_local_devices(
     hold is the k-th id of that list, so every node of a uniform cluster uses the same
     ids. Nothing where the replicas hold no ids of their own (none, or one inherited list
     they all share: left as it is)."""
-    mine = {r: _ids(env.get(DEVICES)) for r, env in envs.items() if r in nodes}
+    mine = {r: id_list(env.get(DEVICES)) for r, env in envs.items() if r in nodes}
     if len(set(mine.values())) <= 1:
         return {}
     sequence = [g for ids in mine.values() for g in ids]
@@ -126,7 +137,8 @@ def node_local_devices(
     return out
 
 
-def _ids(value: str | None) -> tuple[str, ...]:
+def id_list(value: str | None) -> tuple[str, ...]:
+    """The ids of a `CUDA_VISIBLE_DEVICES`-style list."""
     return tuple(g.strip() for g in (value or "").split(",") if g.strip())
 
 

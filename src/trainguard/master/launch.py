@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainguard.backends.api import SERVICE_ENV, Launch
 from trainguard.frameworks import EnvContext, Preset, Roster
+from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES
 from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
 from trainguard.spec.models import JobSpec
 
@@ -70,8 +71,8 @@ class LaunchBuilder:
             "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
         }
         env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
-        if devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = devices
+        if devices is not None and DEVICES not in dict(plan.env):  # the pool's own wins
+            env[DEVICES] = env[OWN_DEVICES] = devices  # a backend may lay DEVICES out
         if plan.role in self.preset.services:
             env[SERVICE_ENV] = plan.role
         return Launch(

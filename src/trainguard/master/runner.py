@@ -201,7 +201,7 @@ def make_backend(
 
         backend = SlurmBackend(spec.slurm, tee=tee, replicas=spec.world_size, on_ended=on_ended)
     else:
-        backend = LocalBackend(tee=tee, preload=spec.preload)
+        backend = LocalBackend(tee=tee, preload=spec.preload, one_node=True)
     if preset(spec.framework).launcher == "mpi":
         backend = MpiBackend(backend)
     return backend

@@ -26,6 +26,7 @@ from trainguard.backends.api import (
     output_events,
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.local.node_layout import NodeLayout, without_own
 from trainguard.backends.local.run import PipeProtocol, Protocol, Run
 from trainguard.backends.local.tracking import Tracking
 from trainguard.backends.local.warm_start import WarmStart
@@ -34,6 +35,7 @@ from trainguard.backends.net import free_port
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.policy.own_errors import zygote_death_note
 from trainguard.signals import signal_name
 
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
@@ -66,8 +68,16 @@ def _printed_traceback(run: Run) -> bool:
 
 class LocalBackend:
     def __init__(
-        self, tee: TextIO | None = None, host: str = "127.0.0.1", preload: Sequence[str] = ()
+        self,
+        tee: TextIO | None = None,
+        host: str = "127.0.0.1",
+        preload: Sequence[str] = (),
+        one_node: bool = False,
     ) -> None:
+        """`one_node`: this backend is the job's, its machine the job's one node (GPUs
+        laid out as torchrun's, `node_layout`); not where another backend (Slurm) starts
+        its own, laid-out launches through it."""
+        self._layout = NodeLayout() if one_node else None
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._runs: dict[str, Run] = {}
         self._tee = tee
@@ -109,6 +119,10 @@ class LocalBackend:
     # -------------------------------------------------------------- start
 
     async def start(self, launches: Sequence[Launch]) -> None:
+        if self._layout is not None:
+            launches = self._layout.apply(launches)
+        else:
+            launches = [without_own(la) for la in launches]
         if self._guardian is None:
             self._guardian = Guardian()
             self._tracking = Tracking(self._guardian.token, TOKEN_ENV)
@@ -169,10 +183,7 @@ class LocalBackend:
         """The zygote is gone, and with it every replica it forked (PR_SET_PDEATHSIG):
         each is reported exited now, with what is known (no exit of theirs will come)."""
         how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with {code}"
-        note = (
-            f"trainguard: the preload process (the zygote that forked this replica) was "
-            f"{how}; the replica died with it"
-        )
+        note = zygote_death_note(how)  # the classifier reads it (policy.own_errors)
         for run in self._forked.values():
             run.exit_with(-signal.SIGKILL, note)  # what PR_SET_PDEATHSIG sends
         self._forked.clear()

@@ -7,6 +7,12 @@ driver or its node gone), PR_SET_PDEATHSIG takes the replica and the same guardi
 locally takes the rest of its process group. Where the node has a zygote (the warm start,
 `node_zygote`), the replica is forked by it instead: its output comes through a FIFO, its
 exit status from the zygote (its parent), and the guardian still takes its group.
+
+What a replica starts outside its group (a new session, a double-forked daemon) is fenced
+as locally (`backends.local.tracking`): each run lives in a cgroup of its own, joined
+before its program runs, so its exit, a stop, a restart and the actor's end (the guardian
+sweeps the actor's cgroups) take every process of it; where no cgroup may be made, the
+actor is a subreaper and the guardian's token marks what the run started.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.guardian import Guardian
+from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.local.tracking import RunProcesses, Tracking
 from trainguard.backends.net import free_port
+from trainguard.backends.ray.node_guardian import NodeGuardian
 from trainguard.backends.storage_check import storage_problem
 
 ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
@@ -35,12 +43,21 @@ NODE_DEVICES_ENV = "TRAINGUARD_NODE_DEVICES"
 
 _PR_SET_PDEATHSIG = 1
 _CHUNK = 64 * 1024
+_DRAIN_S = 1.0  # how long its last output may take to come once its run is ended
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: die if the actor's process dies (ray.kill, node loss)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _child_setup(procs_file: str | None) -> Callable[[], None]:
+    """In the child, before exec: join the run's cgroup (so its program starts inside), and
+    die if the actor's process dies (ray.kill, node loss)."""
+
+    def setup() -> None:
+        if procs_file is not None:
+            with contextlib.suppress(OSError), open(procs_file, "w") as fh:
+                fh.write(str(os.getpid()))
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return setup
 
 
 def _ray_gpu_ids() -> list[Any]:
@@ -75,6 +92,9 @@ class ReplicaHost:
         self._eof = False
         self._cond = threading.Condition()
         self._stacks: str | None = None  # where its replica dumps stacks, on this node
+        self._tracking: Tracking | None = None  # every process of each run (cgroup)
+        self._run: RunProcesses | None = None  # those of the current run
+        self._code: int | None = None  # its exit status, once known
 
     def where(self) -> dict[str, str]:
         """This node: its Ray id, IP address and host name, and the GPU ids Ray gave this
@@ -114,19 +134,48 @@ class ReplicaHost:
         with self._cond:
             self._buf.clear()
             self._eof = False
+        self._code = None
+        self._end_run()  # a run still here (a restart before its exit was read) ends now
+        self._pid = None
+        guardian, tracking = self._fence()
+        env[TOKEN_ENV] = guardian.token  # what a run orphans carries it (the fallback)
+        run = self._run = tracking.new_run()
         cold = "no preload process on this node" if zygote is None else None
-        info = self._fork(zygote, argv, env, cwd) if zygote is not None else {}
+        info = self._fork(zygote, argv, env, cwd, run) if zygote is not None else {}
         if "pid" not in info and "error" not in info:
             cold = info.get("cold", cold)
-            info = self._spawn(argv, env, cwd)
+            info = self._spawn(argv, env, cwd, run)
         if "pid" not in info:
+            self.close()  # nothing of this actor runs: no guardian either, until one does
             return info
-        if self._guardian is None:
-            self._guardian = Guardian()
-        self._guardian.watch(int(info["pid"]))  # PDEATHSIG reaches only the direct child
+        run.add(int(info["pid"]))  # the tree's root (inside already: joined before exec)
+        guardian.watch(int(info["pid"]))  # PDEATHSIG reaches only the direct child
         return {**info, "cold": cold}
 
-    def _spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> dict[str, Any]:
+    def _fence(self) -> tuple[Guardian, Tracking]:
+        """The guardian and the run tracking, made at the first start."""
+        if self._guardian is None:
+            self._guardian = NodeGuardian()  # Ray kills an exiting actor's children
+        if self._tracking is None:
+            self._tracking = Tracking(self._guardian.token, TOKEN_ENV)
+            if self._tracking.cgroups is not None:
+                self._guardian.sweep_cgroups(str(self._tracking.cgroups.folder))
+            else:
+                self._guardian.sweep_token()
+        return self._guardian, self._tracking
+
+    def _end_run(self) -> None:
+        """Kill every process left of the current run (its cgroup, or what it orphaned)."""
+        run, self._run = self._run, None
+        if run is not None:
+            asyncio.run(run.kill())
+            run.remove()
+        if self._tracking is not None:
+            asyncio.run(self._tracking.sweep())
+
+    def _spawn(
+        self, argv: Sequence[str], env: dict[str, str], cwd: str, run: RunProcesses
+    ) -> dict[str, Any]:
         try:
             proc = subprocess.Popen(
                 list(argv),
@@ -136,7 +185,7 @@ class ReplicaHost:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup(run.procs_file),
             )
         except FileNotFoundError:
             where = "working directory" if not os.path.isdir(cwd) else "command"
@@ -158,7 +207,7 @@ class ReplicaHost:
         return {"pid": proc.pid}
 
     def _fork(
-        self, zygote: Any, argv: Sequence[str], env: dict[str, str], cwd: str
+        self, zygote: Any, argv: Sequence[str], env: dict[str, str], cwd: str, run: RunProcesses
     ) -> dict[str, Any]:
         """Ask the node's zygote to fork the replica; its output comes through a FIFO."""
         import ray
@@ -167,7 +216,9 @@ class ReplicaHost:
         os.mkfifo(fifo)
         fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open before the writer: no block
         try:
-            info: dict[str, Any] = ray.get(zygote.spawn.remote(list(argv), env, cwd, str(fifo)))
+            info: dict[str, Any] = ray.get(
+                zygote.spawn.remote(list(argv), env, cwd, str(fifo), run.procs_file)
+            )
         except Exception as exc:  # the zygote's actor is gone: start the ordinary way
             info = {"cold": f"the node's preload process is gone ({type(exc).__name__})"}
         finally:
@@ -211,7 +262,9 @@ class ReplicaHost:
 
     def read(self, timeout_s: float) -> tuple[bytes, int | None]:
         """What it printed since the last read (waiting up to `timeout_s` for something),
-        and its exit status once it has exited and everything was read."""
+        and its exit status once it has exited and everything was read. Its exit ends
+        the rest of its run, a process that holds its output included (then its end of
+        file comes)."""
         pid = self._pid
         if pid is None:
             return b"", None
@@ -219,23 +272,41 @@ class ReplicaHost:
             self._cond.wait_for(lambda: bool(self._buf) or self._eof, timeout_s)
             data, self._buf = bytes(self._buf), bytearray()
             eof = self._eof
-        if data or not eof:
+        if data:
             return data, None
-        code = self._wait(timeout_s)
-        if code is None:
-            return b"", None  # it closed its output but still runs
-        self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
-        if self._guardian is not None:
-            self._guardian.forget(pid)
-        return b"", code
+        if self._code is None:
+            code = self._wait(timeout_s if eof else 0)
+            if code is None:
+                return b"", None  # it still runs
+            self._code = code
+            self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
+            self._end_run()  # and what left the group (a new session, a daemon)
+            if self._guardian is not None:
+                self._guardian.forget(pid)
+            with self._cond:  # what they still held of its output
+                self._cond.wait_for(lambda: self._eof, _DRAIN_S)
+                data, self._buf = bytes(self._buf), bytearray()
+            if data:
+                return data, None
+        return b"", self._code
 
     def close(self) -> None:
-        """Stop the guardian: what it still watches goes with it (the actor's end)."""
+        """End the run and stop the guardian: what it still watches goes with it (the
+        actor's end)."""
+        if self._pid is not None and self._code is None and self.signal(signal.SIGKILL):
+            self._code = self._wait(_DRAIN_S)  # reaped, where it is our child
+        self._end_run()
+        if self._tracking is not None:
+            asyncio.run(self._tracking.close())
+            self._tracking = None
         if self._guardian is not None:
+            self._guardian.sweep_token(False)  # nothing of ours is left to look for
             self._guardian.close()
             self._guardian = None
 
     def signal(self, signum: int) -> bool:
+        """Send `signum` to the replica's group and to every process of its run outside
+        it (a stop's TERM, CONT and KILL reach what left the group too)."""
         pid = self._pid
         if pid is None:
             return False
@@ -243,6 +314,9 @@ class ReplicaHost:
             os.killpg(pid, signum)
         except (ProcessLookupError, PermissionError):
             return False
+        finally:
+            if self._run is not None:
+                self._run.signal(signum, but_group=pid)
         return True
 
     def snapshot(

@@ -47,10 +47,16 @@ class NodeZygote:
         self._exited.setdefault(pid, asyncio.Event()).set()
 
     async def spawn(
-        self, argv: Sequence[str], env: dict[str, str], cwd: str, fifo: str
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        cwd: str,
+        fifo: str,
+        cgroup: str | None = None,
     ) -> dict[str, Any]:
-        """Fork a replica whose output goes to `fifo`: {"pid": N}, or {"cold": why} when it
-        must start the ordinary way (no zygote, another interpreter, PYTHON* differing)."""
+        """Fork a replica whose output goes to `fifo` (first joining the run's cgroup whose
+        `cgroup.procs` is `cgroup`): {"pid": N}, or {"cold": why} when it must start the
+        ordinary way (no zygote, another interpreter, PYTHON* differing)."""
         zygote = self._zygote
         if zygote is None or not zygote.alive:
             return {"cold": "the node's preload process is gone"}
@@ -63,7 +69,7 @@ class NodeZygote:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the host holds the read end open
         os.set_blocking(fd, True)
         try:
-            return {"pid": await zygote.spawn(argv, env, cwd, fd)}
+            return {"pid": await zygote.spawn(argv, env, cwd, fd, cgroup=cgroup)}
         except ZygoteError as exc:
             return {"cold": str(exc)}
         finally:

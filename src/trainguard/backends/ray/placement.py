@@ -17,7 +17,7 @@ from trainguard.backends.api import Launch, NoCapacity
 from trainguard.backends.ray.calls import CALL_S, bounded, label
 from trainguard.backends.ray.host import NODE_DEVICES_ENV, ReplicaHost
 from trainguard.backends.ray.warm import NodeZygotes
-from trainguard.frameworks.node_env import DEVICES, placed_envs
+from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES, placed_envs
 from trainguard.spec.engines import RayOptions
 from trainguard.spec.models import Resources
 from trainguard.spec.sizes import parse_memory
@@ -174,6 +174,7 @@ class Placement:
         out = []
         for la in launches:
             env = {**la.env, **changes.get(la.replica, {})}
+            env.pop(OWN_DEVICES, None)  # Ray's ids place them here, not the master's
             if DEVICES in changes.get(la.replica, {}):
                 env[NODE_DEVICES_ENV] = env[DEVICES]  # the actor sets it, over Ray's own ids
             out.append(replace(la, env=env))
