@@ -14,7 +14,7 @@ import pytest
 from conftest import TG, child, wait_for
 from test_server import Server
 
-from trainguard.records.private import append_private, private_dir
+from trainguard.records.private import append_private, private_dir, tighten
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store
 
@@ -94,13 +94,16 @@ def test_a_sqlite_url_elsewhere_is_private_too(tmp_path: Path) -> None:
 
 def test_folders_made_below_and_files_appended_to_are_private(tmp_path: Path) -> None:
     """A replica's log opens its attempt folder and the job's folder above it: each made
-    private (a plain mkdir -p makes the parents by the umask); one made before tightened."""
+    private (a plain mkdir -p makes the parents by the umask); one made before is tightened
+    by `tighten`, never by making a folder below it."""
     before = tmp_path / "home" / "jobs" / "old"
     before.mkdir(parents=True, mode=0o755)
     log = tmp_path / "home" / "jobs" / "j" / "attempt-0" / "worker-0.log"
     with append_private(log) as fh:
         fh.write(b"hello\n")
     private_dir(before)
+    assert _mode(before) == 0o755  # a folder that exists keeps its mode
+    tighten(before)
     assert _not_private(tmp_path / "home" / "jobs") == []
     assert _mode(log) == 0o600 and _mode(log.parent) == _mode(log.parent.parent) == 0o700
 
@@ -125,3 +128,24 @@ def test_nothing_of_a_run_or_a_server_job_is_readable_by_others(tg: TG, tmp_path
     assert _mode(tg.home) == 0o700
     assert _others_can_read(tg.home) == []
     assert _not_private(tg.home) == [], "\n".join(_not_private(tg.home))
+
+
+def test_a_folder_or_device_that_exists_keeps_its_mode(tmp_path: Path) -> None:
+    """A log at /dev/null must not make /dev (or /dev/null) private: a folder that exists
+    is not tightened by what is made below it, and a device never is."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with append_private(shared / "x.log") as fh:
+        fh.write(b"x")
+    assert _mode(shared) == 0o755 and _mode(shared / "x.log") == 0o600
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o666)
+    fifo.chmod(0o666)
+    tighten(fifo)
+    assert _mode(fifo) == 0o666
+    null = Path("/dev/null")
+    before = (_mode(null.parent), _mode(null))
+    with append_private(null) as fh:
+        fh.write(b"x")
+    assert (_mode(null.parent), _mode(null)) == before

@@ -36,7 +36,7 @@ from trainguard.records.engine import (
     private_sqlite,
     shown,
 )
-from trainguard.records.private import PRIVATE_DIR, private_dir, private_file
+from trainguard.records.private import PRIVATE_DIR, private_dir, private_file, tighten
 from trainguard.records.rows import (
     AttemptRow,
     EventRow,
@@ -79,7 +79,7 @@ class Store:
             if self.engine.dialect.name == "sqlite":
                 # Two commands opening a new store at once must not both create tables.
                 self.home.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)  # the lock, the logs
-                private_dir(self.home / "jobs")
+                tighten(private_dir(self.home / "jobs"))  # a store made before too
                 with open(private_file(self.home / "trainguard.lock"), "a") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
                     private_sqlite(url)

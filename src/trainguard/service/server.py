@@ -13,7 +13,7 @@ import uvicorn
 
 from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.errors import SpecError
-from trainguard.records.private import PRIVATE_DIR, private_dir, private_file
+from trainguard.records.private import PRIVATE_DIR, private_dir, private_file, tighten
 from trainguard.records.store import Store
 from trainguard.service.api import create_app
 from trainguard.service.config import TOKEN_FILE, ServerConfig, home_token
@@ -26,7 +26,7 @@ def serve(config: ServerConfig, home: Path | None) -> int:
     sock = listen(config.host, config.port)  # first: a port in use stores nothing
     store = Store(home, config.db)
     store.home.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)  # logs live here, whatever the db
-    private_dir(store.home / "jobs")
+    tighten(private_dir(store.home / "jobs"))
     origin = "the token you gave"
     if config.token is None and config.require_token:
         config = config.model_copy(update={"token": home_token(store.home, create=True)})
