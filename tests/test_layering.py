@@ -14,6 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainguard"
 LAYERS: tuple[str | tuple[str, ...], ...] = (
     ("errors", "states", "signals"),  # the vocabulary: exceptions, states, signal names
+    "storage",  # files every layer writes (private modes), standard library only
     "spec",
     "policy",
     "frameworks",

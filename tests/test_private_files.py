@@ -14,9 +14,9 @@ import pytest
 from conftest import TG, child, wait_for
 from test_server import Server
 
-from trainguard.records.private import append_private, private_dir, tighten
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store
+from trainguard.storage.private import append_private, private_dir, tighten
 
 
 def _mode(path: Path) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from trainguard.policy.logtail import MAX_LINE, Tail
-from trainguard.records.private import append_private
+from trainguard.storage.private import append_private
 
 LOG_RETRY_S = 5.0
 """How often a log that could not be written is tried again (a disk that filled up)."""

@@ -20,9 +20,9 @@ from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE
 from trainguard.policy.classify import (
     internal_failure,
 )
-from trainguard.records.private import append_private
 from trainguard.spec.injection import Injection
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
+from trainguard.storage.private import append_private
 
 
 class Faults(MasterCore):

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainguard.records.private import private_dir, tighten
+from trainguard.storage.private import private_dir, tighten
 
 PREFIX = ".incoming-"
 LOCK = ".lock"

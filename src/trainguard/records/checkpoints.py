@@ -33,7 +33,7 @@ from typing import Any
 from trainguard.backends.storage_check import STORAGE_CHECK
 from trainguard.records import checkpoint_copy
 from trainguard.records.checkpoint_copy import Incoming, Listing
-from trainguard.records.private import private_dir
+from trainguard.storage.private import private_dir
 
 MANIFEST = "trainguard-manifest.json"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")

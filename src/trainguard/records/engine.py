@@ -12,7 +12,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from trainguard.records.private import private_file
+from trainguard.storage.private import private_file
 
 
 def default_home() -> Path:

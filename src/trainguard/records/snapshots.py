@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainguard.records.private import private_dir, private_file
+from trainguard.storage.private import private_dir, private_file
 
 MAGIC = b"trainguard-snapshot 2\n"
 HEADER_BYTES = 4096

@@ -36,7 +36,6 @@ from trainguard.records.engine import (
     private_sqlite,
     shown,
 )
-from trainguard.records.private import PRIVATE_DIR, private_dir, private_file, tighten
 from trainguard.records.rows import (
     AttemptRow,
     EventRow,
@@ -62,6 +61,7 @@ from trainguard.records.schema import (
     transitions,
 )
 from trainguard.states import JobState
+from trainguard.storage.private import PRIVATE_DIR, private_dir, private_file, tighten
 
 R = TypeVar("R", bound=_Row)
 

@@ -22,7 +22,6 @@ from trainguard.errors import SpecError, TrainguardError
 from trainguard.master.runner import new_job_id, refuse_unless_ready
 from trainguard.records.control import HELD_CANCEL, check_resumable, request_cancel
 from trainguard.records.liveness import master_up, reap_interrupted, starter_identity
-from trainguard.records.private import private_dir, private_file
 from trainguard.records.rows import JobRow
 from trainguard.records.schema import jobs
 from trainguard.records.store import Store, spec_json
@@ -41,6 +40,7 @@ from trainguard.service.quota import (
 )
 from trainguard.spec.models import JobSpec, validate_spec
 from trainguard.states import ErrorCode, JobState
+from trainguard.storage.private import private_dir, private_file
 
 ORIGIN = "server"
 HOLDING = [

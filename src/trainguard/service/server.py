@@ -13,12 +13,12 @@ import uvicorn
 
 from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.errors import SpecError
-from trainguard.records.private import PRIVATE_DIR, private_dir, private_file, tighten
 from trainguard.records.store import Store
 from trainguard.service.api import create_app
 from trainguard.service.config import TOKEN_FILE, ServerConfig, home_token
 from trainguard.service.http_guard import Guard
 from trainguard.service.scheduler import Service
+from trainguard.storage.private import PRIVATE_DIR, private_dir, private_file, tighten
 
 
 def serve(config: ServerConfig, home: Path | None) -> int:

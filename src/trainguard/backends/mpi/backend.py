@@ -43,7 +43,7 @@ from trainguard.backends.mpi.launch import (
 from trainguard.backends.output import RunOutput
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.records.private import private_dir, private_file
+from trainguard.storage.private import private_dir, private_file
 
 _POLL_S = 0.05
 LAUNCHER_ROLE = "launcher"
