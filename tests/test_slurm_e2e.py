@@ -182,7 +182,8 @@ def test_a_bug_is_not_retried_on_slurm(slurm: SlurmCluster, shared: Path) -> Non
     code, _out, err = _finish(proc, 180)
     assert code == 1, err[-3000:]
     status = _reader(shared).json("status", "bug")
-    assert status["state"] == "FAILED" and status["attempts"] == 1
+    why = _reader(shared)("explain", "bug").stdout  # what the first attempt was read as
+    assert status["state"] == "FAILED" and status["attempts"] == 1, why
     assert "KeyError" in (status["error_message"] or "")
 
 
