@@ -12,7 +12,13 @@ tuned by reading development cases only:
     .venv/bin/python tests/corpus_real_eval.py --train    # retrain the shipped model
     .venv/bin/python tests/corpus_real_eval.py --test --ceiling   # ... and by category alone
     .venv/bin/python tests/corpus_real_eval.py --test --expert    # ... and a log-only expert
-    .venv/bin/python tests/corpus_real_eval.py --test --retry-uncertain  # ... and that option
+
+Each part is scored twice: as readings (accuracy, wasted and missed retries of the
+`retryable` verdict) and as job outcomes (issue 38): what the policy's first decision on
+the failure costs, for the default policy and for `--retry-uncertain false` (false stops:
+retryable failures ended with no retry; permanent failures retried, one attempt each).
+Whether the job had trained before it failed (`progressed.yaml`, where the thread tells)
+is given to the classifier as the master would give it.
 
 The classifier is the rules plus a learned model (trainguard.policy.learned) trained on
 the development part only. Its development number is cross-validated: each case is judged
@@ -28,7 +34,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -36,6 +42,8 @@ import yaml
 from trainguard.policy import learned
 from trainguard.policy.classes import Classification, ExitEvidence, ExitKind
 from trainguard.policy.classify import classify_by_rules
+from trainguard.policy.outcome import first_decision, retries
+from trainguard.spec.models import FaultTolerance
 
 CORPUS = Path(__file__).parent / "corpus_real"
 TEST_SHARE = 30  # percent of threads in the test part
@@ -78,6 +86,7 @@ class Case:
     retryable: bool
     note: str
     log: tuple[str, ...]
+    progressed: bool | None = None  # had it trained before it failed, where the thread tells
 
     @property
     def split(self) -> str:
@@ -104,9 +113,28 @@ def _log_lines(text: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
+PROGRESSED = CORPUS / "progressed.yaml"
+
+
+def progressed_answers(corpus: Path = CORPUS) -> dict[str, bool | None]:
+    """id -> had the job trained before it failed (None: neither thread nor log tells)."""
+    path = corpus / PROGRESSED.name
+    if not path.exists():
+        return {}
+    out: dict[str, bool | None] = {}
+    for e in yaml.safe_load(path.read_text()) or []:
+        value = e["progressed"]
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{path.name}: {e['id']}: progressed must be true, false or null")
+        out[str(e["id"])] = value
+    return out
+
+
 def load(corpus: Path = CORPUS) -> list[Case]:
-    """Every case of every `*.yaml` file under `corpus/cases`, checked field by field."""
+    """Every case of every `*.yaml` file under `corpus/cases`, checked field by field, with
+    what `progressed.yaml` says of it."""
     out: list[Case] = []
+    progressed = progressed_answers(corpus)
     for path in sorted((corpus / "cases").glob("*.yaml")):
         for i, e in enumerate(yaml.safe_load(path.read_text()) or []):
             where = f"{path.name}[{i}]"
@@ -126,6 +154,7 @@ def load(corpus: Path = CORPUS) -> list[Case]:
                     retryable=bool(e["retryable"]),
                     note=str(e["note"]),
                     log=_log_lines(str(e["log"])),
+                    progressed=progressed.get(str(e["id"])),
                 )
             )
     return out
@@ -135,10 +164,13 @@ def by_rules(case: Case) -> Classification:
     """The rules as the master runs them: the exit status and the log tail.
 
     A log that shows no exit status is taken as a launcher's exit 1 (what torchrun,
-    DeepSpeed's and Accelerate's launchers and a Python traceback all end in).
+    DeepSpeed's and Accelerate's launchers and a Python traceback all end in). Whether the
+    job had trained is what the master knows (`ExitEvidence.progressed`), here as the
+    thread tells it (`progressed.yaml`).
     """
     code = 1 if case.exit_code is None else case.exit_code
-    c = classify_by_rules(ExitEvidence("worker-0", code, log_tail=case.log))
+    ev = ExitEvidence("worker-0", code, log_tail=case.log, progressed=case.progressed)
+    c = classify_by_rules(ev)
     assert c.failure_class is not None
     return c
 
@@ -233,15 +265,53 @@ def evaluate(
     return parts
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """The policy's first decisions scored as what they cost jobs (issue 38)."""
+
+    cases: int
+    false_stops: float  # of the retryable failures, ended with no retry
+    permanent_retried: float  # of the permanent failures, given a retry (one attempt each)
+    accuracy: float  # first decisions right: a retry exactly where it helps
+
+    def line(self, name: str) -> str:
+        return (
+            f"{name}: {self.cases} cases; false stops {self.false_stops:.1%}, permanent "
+            f"failures retried {self.permanent_retried:.1%}, first decisions right "
+            f"{self.accuracy:.1%}"
+        )
+
+
+def outcome(results: list[tuple[Case, Classification]], ft: FaultTolerance) -> Outcome:
+    """What the policy `ft` does with each case as a job's first failure."""
+    said = [(k, retries(first_decision(c, ft))) for k, c in results]
+    retryable = [r for k, r in said if k.retryable]
+    permanent = [r for k, r in said if not k.retryable]
+    return Outcome(
+        cases=len(said),
+        false_stops=sum(not r for r in retryable) / max(1, len(retryable)),
+        permanent_retried=sum(permanent) / max(1, len(permanent)),
+        accuracy=sum(r == k.retryable for k, r in said) / max(1, len(said)),
+    )
+
+
+POLICIES = {
+    "the default policy": FaultTolerance(),
+    "--retry-uncertain false": FaultTolerance(retry_uncertain=False),
+}
+
+
+def print_outcomes(
+    parts: dict[str, list[tuple[Case, Classification]]], names: tuple[str, ...]
+) -> None:
+    for name in names:
+        for policy, ft in POLICIES.items():
+            print(outcome(parts[name], ft).line(f"{name}, {policy}"))
+
+
 def answered(retry: bool, by: str) -> Classification:
     """A bare retry decision that someone or something other than the classifier gave."""
     return Classification(ExitKind.NONZERO, None, retry, by, 1, None, "", "")
-
-
-def retried_once(c: Classification) -> Classification:
-    """The decision under `retry_uncertain`: an uncertain reading is retried (once), either
-    way it leaned; still uncertain, so "beyond one uncertain retry" does not count it."""
-    return replace(c, retryable=True) if c.uncertain else c
 
 
 def by_category(cases: list[Case]) -> dict[str, bool]:
@@ -317,12 +387,6 @@ def main() -> None:
         "--expert", action="store_true", help="also score an expert reading only the log"
     )
     p.add_argument(
-        "--retry-uncertain",
-        action="store_true",
-        help="also score the decisions with fault_tolerance.retry_uncertain: an uncertain "
-        "permanent reading is retried once too",
-    )
-    p.add_argument(
         "--doubtful",
         action="store_true",
         help="also score the cases whose thread concluded apart from the doubtful ones",
@@ -348,29 +412,24 @@ def main() -> None:
     names = ("dev", "test") if args.test else ("dev",)
     for name in names:
         print(score(parts[name]).line(name + (" (rules alone)" if args.rules else "")))
+    print_outcomes(parts, names)
     if args.ceiling:
         by_family = ceiling(cases)
         for name in names:
             print(by_family[name].line(f"{name}, by the category's majority label"))
     if args.expert:
         print_expert(parts, names)
-    print_subsets(parts, names, args.retry_uncertain, args.doubtful)
+    print_subsets(parts, names, args.doubtful)
     print("dev by category:", dict(Counter(k.category for k, _ in parts["dev"])))
     if args.wrong:
         print_wrong(parts["dev"], args.category)
 
 
 def print_subsets(
-    parts: dict[str, list[tuple[Case, Classification]]],
-    names: tuple[str, ...],
-    retry_uncertain: bool,
-    doubtful: bool,
+    parts: dict[str, list[tuple[Case, Classification]]], names: tuple[str, ...], doubtful: bool
 ) -> None:
-    """The scores with `retry_uncertain`'s decisions, and of concluded and doubtful cases."""
+    """The scores of concluded and doubtful cases apart."""
     for name in names:
-        if retry_uncertain:
-            once = [(k, retried_once(c)) for k, c in parts[name]]
-            print(score(once).line(f"{name}, with retry_uncertain"))
         for doubt in (False, True) if doubtful else ():
             part = [(k, c) for k, c in parts[name] if k.doubtful == doubt]
             print(score(part).line(f"{name}, {'doubtful' if doubt else 'concluded'}"))

@@ -55,3 +55,45 @@ def _charges(d: Decision) -> tuple[Charge, ...]:
     """The charges of a restart, less the same-error count every failure carries."""
     assert isinstance(d, RestartJob | RestartReplica), d
     return tuple(c for c in d.charges if not c.budget.startswith("same_error:"))
+
+
+# ---------------------------------------------------------------- outages (issue 38)
+
+HTTP_503 = (
+    "Traceback (most recent call last):",
+    '  File "load.py", line 2, in <module>',
+    "urllib.error.HTTPError: HTTP Error 503: Service Unavailable",
+)
+OUTAGE_LINES = {
+    "remote service": "urllib.error.HTTPError: HTTP Error 503: Service Unavailable",
+    "storage": "OSError: [Errno 116] Stale file handle",
+    "network": "OSError: [Errno 110] Connection timed out",
+    "rendezvous": "torch.distributed.DistStoreError: Timed out after 901 seconds",
+}
+
+
+def _outage(
+    attempt: int,
+    progress: int | None = None,
+    *,
+    tail: tuple[str, ...] = HTTP_503,
+    progressed: bool | None = None,
+    replica: str = "worker-1",
+    restart: int = 0,
+    uptime_s: float = 2.0,
+) -> Failure:
+    """A replica that failed `uptime_s` after it started (start-up, unless `progress`)."""
+    c = classify_exit(ExitEvidence(replica, 1, log_tail=tail, progressed=progressed))
+    return Failure(
+        replica=replica,
+        role="worker",
+        rank=1,
+        attempt=attempt,
+        pid=4242 + attempt,
+        time_s=100.0 * (attempt + 1),
+        classification=c,
+        log_tail=tail,
+        restart=restart,
+        progress=progress,
+        uptime_s=uptime_s,
+    )

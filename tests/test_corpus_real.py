@@ -13,7 +13,16 @@ from collections import Counter
 
 import pytest
 import yaml
-from corpus_real_eval import EXPERT, Case, evaluate, load, retried_once, score
+from corpus_real_eval import (
+    EXPERT,
+    POLICIES,
+    PROGRESSED,
+    Case,
+    evaluate,
+    load,
+    outcome,
+    score,
+)
 
 from trainguard.policy.classes import Classification
 
@@ -90,17 +99,43 @@ def test_retry_decisions_on_real_logs(cases: list[Case], part: str) -> None:
     assert s.missed <= floor["missed"]
 
 
+# The default policy's first decisions as job outcomes (issue 38), measured
+# (tests/corpus_real_eval.py --test): false stops / permanent failures retried, dev 4.3% /
+# 62.5%, test 7.3% / 66.0% (before issue 38: 7.7% / 59.0% and 9.0% / 63.2%). The issue's
+# targets (test: <= 5% / <= 30%) are not met: see the README's judgement section.
+OUTCOME_FLOORS = {
+    "dev": {"false_stops": 0.06, "permanent_retried": 0.66},
+    "test": {"false_stops": 0.09, "permanent_retried": 0.69},
+}
+
+
 @pytest.mark.no_cover
 @pytest.mark.parametrize("part", ["dev", "test"])
-def test_retry_uncertain_misses_few_retries_and_wastes_one_at_most(
-    cases: list[Case], part: str
-) -> None:
-    """With `retry_uncertain` (measured dev 7.7% missed, test 6.8%; 6.5% and 10.0% of the
-    permanent failures retried with confidence, the rest once): the trade it offers."""
-    s = score([(k, retried_once(c)) for k, c in _parts(cases)[part]])
-    print("\n" + s.line(part + ", with retry_uncertain"))
-    assert s.missed <= 0.11
-    assert s.wasted_sure <= 0.12
+def test_the_default_policy_ends_few_recoverable_jobs(cases: list[Case], part: str) -> None:
+    """Scored as what the first decision costs: a retryable failure ended with no retry,
+    or a permanent one given a retry (one attempt: the history rule ends the second)."""
+    judged = _parts(cases)[part]
+    for name, ft in POLICIES.items():
+        print("\n" + outcome(judged, ft).line(f"{part}, {name}"))
+    o = outcome(judged, POLICIES["the default policy"])
+    floor = OUTCOME_FLOORS[part]
+    assert o.false_stops <= floor["false_stops"]
+    assert o.permanent_retried <= floor["permanent_retried"]
+    old = outcome(judged, POLICIES["--retry-uncertain false"])
+    assert o.false_stops < old.false_stops / 3  # what the default buys
+    assert old.false_stops == score(judged).missed  # the two scores agree where they meet
+
+
+def test_progressed_answers_name_each_case_once(cases: list[Case]) -> None:
+    """progressed.yaml holds one answer per case, true, false or null, with its reason."""
+    entries = yaml.safe_load(PROGRESSED.read_text())
+    ids = [str(e["id"]) for e in entries]
+    assert sorted(ids) == sorted(c.id for c in cases)
+    for e in entries:
+        assert e["progressed"] in (True, False, None), e["id"]
+        assert bool(e["because"]) == (e["progressed"] is not None), e["id"]
+    told = sum(c.progressed is not None for c in cases)
+    assert told >= 0.5 * len(cases)
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])

@@ -174,7 +174,11 @@ def test_an_uncertain_permanent_reading_ends_the_job_unless_asked() -> None:
     f = _failure(0, 5, tail=UNEXPLAINED, returncode=3)
     c = f.classification
     assert (c.retryable, c.uncertain) == (False, True)
-    assert isinstance(decide_failure(FaultTolerance(), Budgets(), f), FailJob)
+    d = decide_failure(FaultTolerance(retry_uncertain=False), Budgets(), f)
+    assert isinstance(d, FailJob)
+    assert d.proof == ("rule nonzero-exit (uncertain: confidence 0.50); retry_uncertain is off"), (
+        d.proof
+    )
 
 
 def test_retry_uncertain_gives_it_one_retry_and_history_ends_the_second() -> None:
@@ -196,6 +200,6 @@ def test_retry_uncertain_gives_it_one_retry_and_history_ends_the_second() -> Non
 
 def test_retry_uncertain_leaves_a_sure_bug_alone() -> None:
     tail = ("Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'x'")
-    f = _failure(0, 5, tail=tail)
+    f = _failure(0, 5, tail=tail, progressed=None)  # after training a bug is less sure
     assert not f.classification.uncertain
     assert isinstance(decide_failure(FaultTolerance(retry_uncertain=True), Budgets(), f), FailJob)

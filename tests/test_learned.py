@@ -12,6 +12,8 @@ from corpus_real_eval import MODEL, digest, load, train
 from trainguard.policy import learned
 from trainguard.policy.classes import ExitEvidence, ExitKind, FailureClass
 from trainguard.policy.classify import classify_by_rules, classify_exit
+from trainguard.policy.outcome import first_decision, retries
+from trainguard.spec.models import FaultTolerance
 
 TIMEOUT = (
     "[E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught collective operation timeout: "
@@ -60,11 +62,18 @@ def test_only_the_failure_is_read_not_what_the_job_survived() -> None:
     assert set(learned.terms(("Connection reset by peer",))) >= {"connection", "reset by"}
 
 
+BUG = (
+    "Traceback (most recent call last):",
+    '  File "train.py", line 3, in <module>',
+    '    x = cfg["lr"]',
+    "KeyError: 'lr'",
+)
+
+
 def test_confident_rules_and_exits_that_are_not_read_stay_as_they_are() -> None:
-    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",) * 3
-    sure = classify_by_rules(ExitEvidence("w", 1, log_tail=log))
-    assert sure.confidence >= learned.SURE
-    assert classify_exit(ExitEvidence("w", 1, log_tail=log)) == sure
+    sure = classify_by_rules(ExitEvidence("w", 1, log_tail=BUG))
+    assert sure.confidence >= learned.SURE and not sure.retryable
+    assert classify_exit(ExitEvidence("w", 1, log_tail=BUG)) == sure  # the model agrees
     for ev in (
         ExitEvidence("w", 0, log_tail=(TIMEOUT,)),
         ExitEvidence("w", -15, stop_requested=True, log_tail=(TIMEOUT,)),
@@ -73,6 +82,20 @@ def test_confident_rules_and_exits_that_are_not_read_stay_as_they_are() -> None:
         ExitEvidence("w", -11, log_tail=("Segmentation fault (core dumped)",)),  # says too little
     ):
         assert classify_exit(ev) == classify_by_rules(ev)
+
+
+def test_a_sure_stop_the_model_doubts_is_no_proof_and_gets_one_retry() -> None:
+    """A bare CUDA OOM: the rules stop it surely, but the model, trained on outcomes, gives
+    a retry a real chance (memory held by another process): uncertain, the class kept."""
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",) * 3
+    sure = classify_by_rules(ExitEvidence("w", 1, log_tail=log))
+    doubted = classify_exit(ExitEvidence("w", 1, log_tail=log))
+    assert sure.confidence >= learned.SURE and not sure.retryable
+    assert doubted.uncertain and not doubted.retryable
+    assert (doubted.failure_class, doubted.rule) == (sure.failure_class, sure.rule)
+    assert "is not proof enough to end the job" in doubted.notes[-1]
+    assert retries(first_decision(doubted))
+    assert not retries(first_decision(doubted, FaultTolerance(retry_uncertain=False)))
 
 
 def test_an_override_is_uncertain_and_says_what_decided_it() -> None:

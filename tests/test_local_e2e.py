@@ -33,7 +33,8 @@ def test_user_error_fails_on_the_first_attempt_with_the_log_tail(tg: TG) -> None
     assert (job["state"], job["attempts"]) == ("FAILED", 1)
     assert job["error_message"] == (
         "The replica worker-1 exited with a non-zero status of 1. "
-        "Termination reason: KeyError: 'boom'."
+        "Termination reason: KeyError: 'boom'. "
+        "(proof: rule python-bug, a Python exception in the job's own code)"
     )
     assert "last lines of worker-1's log" in err and "KeyError: 'boom'" in err
     # rank 0 was stopped by the master, which charges nothing and is not a failure
@@ -60,7 +61,7 @@ def test_transient_signals_retry_3_times_then_fail(
     assert (job["state"], job["attempts"], job["restarts"]) == ("FAILED", 4, 3)
     assert job["error_message"] == (
         f"The replica worker-1 exited with a non-zero status of {code}. "
-        f"Termination reason: {reason}."
+        f"Termination reason: {reason}. (proof: max_transient_restarts is spent (3/3))"
     )
     records = tg.json("records", job["id"])
     assert [r["failure_class"] for r in records] == ["transient_exit"] * 3
@@ -99,7 +100,10 @@ def test_transient_failure_once_then_success(tg: TG) -> None:
     [
         (("--fault-tolerant-policy", "OnFailure"), 2, "SUCCEEDED"),  # exit 3 retried
         (("--fault-tolerant-policy", "Never"), 1, "FAILED"),
-        ((), 1, "FAILED"),  # ExitCodeAndErrorMsg: exit 3 is no retryable evidence
+        # ExitCodeAndErrorMsg: exit 3 is no proof, so it gets one retry (issue 38) ...
+        ((), 2, "SUCCEEDED"),
+        # ... and with the old behaviour it ends the job: no retryable evidence
+        (("--retry-uncertain", "false"), 1, "FAILED"),
     ],
 )
 def test_fault_tolerant_policy(tg: TG, flags: tuple[str, ...], attempts: int, state: str) -> None:
@@ -212,12 +216,14 @@ def test_an_nccl_style_timeout_with_exit_1_is_retried(tg: TG) -> None:
 
 def test_an_nccl_timeout_before_any_step_is_judged_by_the_learned_model(tg: TG) -> None:
     """No sign of training before it: the rules are unsure (as often a bug or a set-up
-    error); the model of real logs reads it as permanent, and `explain` says why."""
+    error); the model of real logs reads it as permanent, and `explain` says why. Uncertain,
+    it gets one retry by default (issue 38); the history rule ends the second."""
     rc, _ = run(tg, actions=(f"1:print:{NCCL_TIMEOUT}", "1:exit:1", "*:sleep:0.2"))
     assert rc == 1
     job = tg.only_job()
-    assert (job["state"], job["attempts"]) == ("FAILED", 1)
-    (root,) = [f for f in tg.json("explain", job["id"])["failures"] if f["root_cause"]]
+    assert (job["state"], job["attempts"]) == ("FAILED", 2)
+    root, again = [f for f in tg.json("explain", job["id"])["failures"] if f["root_cause"]]
+    assert "in start-up, before any training step" in again["decision"]
     assert root["rule"] == "learned-model(collective-timeout-untrained)"
     assert root["confidence"] < 0.6
     learned = [n for n in root["notes"].splitlines() if n.startswith("learned model")]
@@ -287,17 +293,20 @@ def test_async_worker_restarts_alone_5_times_then_the_job_is_retried(
 UNEXPLAINED = ("*:print:loading shards", "*:print:step 3 loss 0.5", "0:exit:3")
 
 
-@pytest.mark.parametrize("flag", [(), ("--retry-uncertain", "false")])
-def test_an_unexplained_exit_ends_the_job_at_once_by_default(tg: TG, flag: tuple[str, ...]) -> None:
-    rc, err = run(tg, *flag, n=1, actions=UNEXPLAINED)
+def test_an_unexplained_exit_ends_the_job_at_once_with_retry_uncertain_off(tg: TG) -> None:
+    rc, err = run(tg, "--retry-uncertain", "false", n=1, actions=UNEXPLAINED)
     assert rc == 1, err
     job = tg.only_job()
     assert (job["state"], job["attempts"]) == ("FAILED", 1)
 
 
-def test_retry_uncertain_retries_an_unexplained_exit_once_then_history_ends_it(tg: TG) -> None:
-    """exit 3 after a step, with nothing the rules know: permanent, but only a guess."""
-    rc, err = run(tg, "--retry-uncertain", "true", n=1, actions=UNEXPLAINED)
+@pytest.mark.parametrize("flag", [(), ("--retry-uncertain", "true")])
+def test_an_unexplained_exit_is_retried_once_then_history_ends_it(
+    tg: TG, flag: tuple[str, ...]
+) -> None:
+    """exit 3 after a step, with nothing the rules know: permanent, but only a guess; the
+    default (issue 38) gives it one retry."""
+    rc, err = run(tg, *flag, n=1, actions=UNEXPLAINED)
     assert rc == 1, err
     job = tg.only_job()
     assert (job["state"], job["attempts"]) == ("FAILED", 2)

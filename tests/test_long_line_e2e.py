@@ -29,7 +29,8 @@ def test_a_traceback_after_a_1mb_line_names_its_error(tg: TG, tmp_path: Path) ->
     assert job["state"] == "FAILED"
     assert job["error_message"] == (
         "The replica worker-0 exited with a non-zero status of 1. "
-        "Termination reason: RuntimeError: boom after a long line."
+        "Termination reason: RuntimeError: boom after a long line. "
+        "(proof: rule python-traceback, an uncaught exception in the job's code)"
     )
     (failure,) = json.loads(tg("explain", job["id"], "--json").stdout)["failures"]
     assert (failure["rule"], failure["matched_line"]) == (

@@ -77,7 +77,7 @@ def test_budget_runs_out_then_the_job_fails_with_the_last_message(tmp_path: Path
         assert m.state is JobState.FAILED
         assert m.outcome.error_message == (
             "The replica worker-0 exited with a non-zero status of 134. "
-            "Termination reason: SIGABRT."
+            "Termination reason: SIGABRT. (proof: max_num_of_job_restart is spent (2/2))"
         )
         assert m.outcome.attempts == 3
         await m.shutdown()
@@ -244,7 +244,8 @@ def test_root_cause_is_the_earliest_non_cascade_failure(tmp_path: Path) -> None:
         assert m.state is JobState.FAILED
         assert m.outcome.error_message == (
             "The replica worker-1 exited with a non-zero status of 1. "
-            "Termination reason: KeyError: 'lr'."
+            "Termination reason: KeyError: 'lr'. "
+            "(proof: rule python-bug, a Python exception in the job's own code)"
         )
         failures = store.failures_of("job-1")
         assert [(f.replica, f.root_cause, f.cascade_of) for f in failures] == [

@@ -70,12 +70,37 @@ def test_policy_by_failure_class(
     policy: str, kind: str, decision: type, charges: tuple[Charge, ...] | None
 ) -> None:
     failure = _failure(kind)
-    d = decide_failure(_ft(fault_tolerant_policy=policy), Budgets(), failure)
+    ft = _ft(fault_tolerant_policy=policy, retry_uncertain=False)  # the strict reading
+    d = decide_failure(ft, Budgets(), failure)
     assert type(d) is decision
     if charges is not None:
         assert _charges(d) == charges
     if isinstance(d, FailJob):
-        assert d.message == failure.classification.message
+        assert d.proof and d.message == f"{failure.classification.message} (proof: {d.proof})"
+
+
+UNCERTAIN_1 = Charge("max_uncertain_restarts", 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "decision", "charges"),
+    [
+        # unsettled: a bare exit status, a bare signal get one retry
+        ("user_plain", RestartJob, (UNCERTAIN_1, JOB_1)),
+        ("sigbus", RestartJob, (UNCERTAIN_1, JOB_1)),
+        # proof: a traceback, a cgroup OOM, a command that cannot start
+        ("user", FailJob, None),
+        ("oom", FailJob, None),
+        ("spawn", FailJob, None),
+    ],
+)
+def test_retry_uncertain_retries_only_what_is_unproven(
+    kind: str, decision: type, charges: tuple[Charge, ...] | None
+) -> None:
+    d = decide_failure(_ft(retry_uncertain=True), Budgets(), _failure(kind))
+    assert type(d) is decision, d
+    if charges is not None:
+        assert _charges(d) == charges
 
 
 @pytest.mark.parametrize(
@@ -101,9 +126,9 @@ def test_policy_by_failure_class(
     ],
 )
 def test_fail_job_carries_code_and_message(kind: str, error_code: str, message: str) -> None:
-    d = decide_failure(_ft(), Budgets(), _failure(kind))
+    d = decide_failure(_ft(retry_uncertain=False), Budgets(), _failure(kind))
     assert isinstance(d, FailJob)
-    assert (d.error_code, d.message) == (error_code, message)
+    assert (d.error_code, d.message) == (error_code, f"{message} (proof: {d.proof})")
     assert "not retryable" in d.reason or "cannot be started" in d.reason
 
 
@@ -147,7 +172,8 @@ def test_job_budget_exhausted_fails_with_the_classification(kind: str, error_cod
     d = decide_failure(ft, Budgets(job_restarts=3), failure)
     assert isinstance(d, FailJob)
     assert d.error_code == error_code
-    assert d.message == failure.classification.message
+    assert d.message == f"{failure.classification.message} (proof: {d.proof})"
+    assert d.proof == "max_num_of_job_restart is spent (3/3)"
     assert "job restart budget is spent (3/3)" in d.reason
 
 
@@ -162,7 +188,7 @@ def test_enable_job_restart_false_fails() -> None:
     d = decide_failure(_ft(enable_job_restart=False), Budgets(), failure)
     assert isinstance(d, FailJob)
     assert d.error_code == "139"
-    assert d.message == failure.classification.message
+    assert d.message == f"{failure.classification.message} (proof: enable_job_restart is False)"
     assert d.reason.endswith("but enable_job_restart is False")
 
 
@@ -189,7 +215,8 @@ def test_transient_budget_exhausted_fails() -> None:
     assert isinstance(d, FailJob)
     assert d.error_code == "139"
     assert d.message == (
-        "The replica worker-1 exited with a non-zero status of 139. Termination reason: SIGSEGV."
+        "The replica worker-1 exited with a non-zero status of 139. Termination reason: SIGSEGV. "
+        "(proof: max_transient_restarts is spent (3/3))"
     )
     assert "max_transient_restarts is spent (3/3)" in d.reason
 
@@ -375,7 +402,10 @@ def test_direct_classification_internal_error_code() -> None:
     ft = _ft(enable_job_restart=False)
     d = decide_failure(ft, Budgets(), failure)
     assert isinstance(d, FailJob)
-    assert (d.error_code, d.message) == ("INTERNAL", INTERNAL_ERROR_MESSAGE)
+    assert (d.error_code, d.message) == (
+        "INTERNAL",
+        f"{INTERNAL_ERROR_MESSAGE} (proof: enable_job_restart is False)",
+    )
     restart = decide_failure(_ft(), Budgets(), failure)
     assert isinstance(restart, RestartJob)
     assert _charges(restart) == (Charge("max_internal_restarts", 1, 2), JOB_1)

@@ -10,6 +10,7 @@ from trainguard.records.rows import (
     EventRow,
     FailureRow,
     JobRow,
+    NodeEventRow,
     ProgressRow,
     RestartRow,
     RunRow,
@@ -30,6 +31,7 @@ ROWS: dict[str, type[_Row]] = {
     "progress": ProgressRow,
     "events": EventRow,
     "failure_records": FailureRow,
+    "node_events": NodeEventRow,
 }
 
 

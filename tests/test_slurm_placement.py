@@ -136,7 +136,7 @@ def test_the_stacks_step_finds_the_replicas_own_process_not_its_children() -> No
 
 def test_srun_saying_node_failure_is_a_lost_node_though_it_exits_0() -> None:
     """What Debian's Slurm 22.05 srun prints when the node under its task dies (exit 0)."""
-    from trainguard.backends.slurm.backend import node_failure
+    from trainguard.backends.slurm.placement import node_failure
 
     tail = [
         "step 12 loss 0.5",

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.policy.readings import MachineReading
 
 SERVICE_ENV = "TRAINGUARD_SERVICE"
 """Set (to its role) in the launch of a framework's own process (torchft's Lighthouse):
@@ -35,6 +36,7 @@ class Launch:
     env: dict[str, str]
     cwd: str
     log_path: Path
+    memory_bytes: int | None = None  # its pool's resources.memory (the local backend holds it)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class ReplicaExited:
         log_tail: tuple[str, ...],
         oom_kills: int = 0,
         node_lost: str | None = None,
+        machine: tuple[MachineReading, ...] = (),
     ) -> ReplicaExited:
         """The exit of `launch`'s replica as every backend reports it."""
         ev = ExitEvidence(
@@ -96,6 +99,7 @@ class ReplicaExited:
             log_tail=log_tail,
             oom_kills=oom_kills,
             node_lost=node_lost,
+            machine=machine,
         )
         return cls(launch.attempt, launch.replica, launch.restart, pid, ev, time_s)
 
@@ -176,3 +180,35 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Stop everything still running and release resources."""
+
+
+@dataclass(frozen=True)
+class NodeCheckOutcome:
+    """What a node check before a retry found and did, for the restart record; `ran`:
+    False where it could not run (not supported, an error): recorded, never fatal."""
+
+    note: str
+    excluded: tuple[str, ...] = ()
+    ran: bool = True
+    changed: bool = False  # a node was left out, or a bad one kept: the record says so
+    supported: bool = True  # False: the backend has no node check (one machine, MPI)
+    passed: tuple[str, ...] = ()  # nodes checked and found good (as the node ledger names them)
+
+
+@runtime_checkable
+class NodeChecker(Protocol):
+    async def check_nodes(self, reason: str) -> NodeCheckOutcome:
+        """Check every node the next attempt may use (compute and all-reduce) and keep
+        out the bad ones where a spare is left."""
+
+
+async def check_nodes(backend: object, reason: str) -> NodeCheckOutcome:
+    """The backend's node check, where it has one (the optional method `check_nodes`)."""
+    if not isinstance(backend, NodeChecker):
+        name = type(backend).__name__
+        return NodeCheckOutcome(
+            f"node check after {reason}: not supported by {name}: the job restarts unchecked",
+            ran=False,
+            supported=False,
+        )
+    return await backend.check_nodes(reason)

@@ -8,6 +8,7 @@ __all__ = [
     "completion",
     "live",
     "main",
+    "nodes",
     "parser",
     "readers",
     "render",

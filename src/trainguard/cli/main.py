@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.cli import completion
+from trainguard.cli.nodes import LocalNodes, RemoteNodes, cmd_nodes
 from trainguard.cli.parser import EXIT_CANCELLED, EXIT_FAILED, EXIT_USAGE, build_parser
 from trainguard.cli.readers import (
     cmd_classify,
@@ -263,6 +264,7 @@ _TEXT_ARGS = {
     "server": "--server",
     "token": "--token",
     "host": "--host",
+    "node": "node",
 }
 """Arguments that reach the store or the network as text (paths may hold any bytes)."""
 
@@ -293,6 +295,8 @@ def _remote(args: argparse.Namespace, client: Client, spec: JobSpec | None) -> i
         return cmd_submit(args, client, spec)
     if args.cmd == "cancel":
         return cmd_remote_cancel(args, client)
+    if args.cmd == "nodes":
+        return cmd_nodes(args, RemoteNodes(client))
     if args.cmd == "resume":
         answer = client.resume(args.job)
         print(f"job {answer['id']} {answer['state']}: {answer['message']}")
@@ -311,6 +315,8 @@ def _local(args: argparse.Namespace, store: Store, spec: JobSpec | None) -> int:
         return cmd_cancel(args, store)
     if args.cmd == "resume":
         return cmd_resume(args, store)
+    if args.cmd == "nodes":
+        return cmd_nodes(args, LocalNodes(store))
     return _READERS[args.cmd](args, StoreReader(store))
 
 

@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--json", action="store_true")
     jobs.add_argument("--limit", type=_count(1, _MANY), default=50)
 
+    nd = sub.add_parser(
+        "nodes", parents=[remote], help="nodes with machine-blamed failures; release NODE"
+    )
+    nd.add_argument("action", nargs="?", choices=("release",), help="release: forgive NODE")
+    nd.add_argument("node", nargs="?", help="the node to release")
+    nd.add_argument("--json", action="store_true")
+
     for name, text in (
         ("status", "a job's state, attempts and replicas"),
         ("records", "a job's restart records"),
@@ -205,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     died.add_argument("--signal", help="or the signal that killed it, e.g. SIGKILL")
     cl.add_argument("--retryable-error", action="append", default=[], help="a job keyword")
+    cl.add_argument(
+        "--progressed",
+        choices=("yes", "no"),
+        help="had the job trained before it failed (what a live master knows; sets the phase)",
+    )
     cl.add_argument("--json", action="store_true")
 
     co = sub.add_parser("completion", help="a shell completion script: bash or zsh")

@@ -19,7 +19,11 @@ from trainguard.cli.render import (
     to_text,
 )
 from trainguard.errors import SpecError
+from trainguard.policy.classes import Classification
+from trainguard.policy.logtail import printable
+from trainguard.policy.outcome import first_decision, retries
 from trainguard.records.explain import (
+    classification_json,
     classify_file,
     print_aggregate,
     print_classification,
@@ -110,9 +114,28 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if problems:
         raise SpecError(problems)
     code = None if args.exit_code is None else str(args.exit_code)
-    c = classify_file(args.log, code, args.signal, args.retryable_error)
-    print_classification(c, args.json)
+    progressed = {None: None, "yes": True, "no": False}[args.progressed]
+    c = classify_file(args.log, code, args.signal, args.retryable_error, progressed)
+    verdict = first_failure_verdict(c)
+    if args.json:
+        dump_json(classification_json(c) | verdict)
+        return 0
+    print_classification(c, False)
+    if verdict["decision"] is not None:
+        said = "yes" if verdict["retry"] else "no"
+        line = f"{said} (the default policy, as a first failure: {verdict['decision']}: "
+        print(printable(f"{'retry':<14} {line}{verdict['why']})"))
     return 0
+
+
+def first_failure_verdict(c: Classification) -> dict[str, Any]:
+    """`retry`, `decision` (its kind) and `why`: what the default policy does with `c` as a
+    job's first failure. The pure policy itself, with the spec's defaults (read from the
+    model, never restated here), fresh budgets and one replica, as a live master would."""
+    if not c.is_failure:
+        return {"retry": False, "decision": None, "why": f"a {c.kind.value} exit is no failure"}
+    d = first_decision(c)
+    return {"retry": retries(d), "decision": type(d).__name__, "why": d.reason}
 
 
 def cmd_goodput(args: argparse.Namespace, reader: Reader) -> int:

@@ -18,6 +18,8 @@ __all__ = [
     "launch",
     "ledger",
     "loop",
+    "node_check",
+    "node_ledger",
     "output_progress",
     "runner",
     "sdk_channel",

@@ -10,10 +10,12 @@ from trainguard.backends.api import (
     ReplicaFirstOutput,
     ReplicaStarted,
 )
+from trainguard.master import node_check
 from trainguard.master.core import MasterCore
 from trainguard.master.events import (
     CapacityRetry,
     PendingRestart,
+    ReplicaSlot,
 )
 from trainguard.master.sdk_channel import new_token
 from trainguard.policy.actions import Expire, RestartJob, RestartReplica, describe
@@ -24,9 +26,10 @@ from trainguard.policy.verdicts import (
     decide_no_capacity,
 )
 from trainguard.records.schema import DECISION_EVENT, WARM_START_EVENT
-from trainguard.states import AttemptOutcome, ReplicaState
+from trainguard.states import AttemptOutcome, JobState, ReplicaState
 
 _LAUNCH_BATCH = 256  # replica environments built between two turns of the event loop
+_STARTS_ALONE = (JobState.PENDING, JobState.RUNNING)  # a replica restarted alone may start
 
 
 class Attempts(MasterCore):
@@ -124,14 +127,26 @@ class Attempts(MasterCore):
         self.hangs.disarm()
         self._tear_down(describe(decision))
         await self._stop_and_settle()  # usually all stopped already
+        await node_check.before_restart(self, failure, record_id)  # a machine's fault?
         t0, t1 = self.ledger.decided_s, self.clock()
         self.rec.attempt_ended(
             self.attempt, t1, AttemptOutcome.RESTARTED, failure.classification.message
         )
         self._pending = PendingRestart(record_id, t1)
+        if decision.delay_s > 0:  # an outage's backoff: the loop hears a cancel meanwhile
+            self._wait_then_start(decision.delay_s, record_id, (t1 - t0) * 1000)
+            return
         await self._start_attempt()
         t2 = self._pending.start_begin_s
         self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=(t2 - t1) * 1000)
+
+    def _wait_then_start(self, delay_s: float, record_id: int, stop_ms: float) -> None:
+        """The next attempt starts in `delay_s` (a `CapacityRetry`, which starts one if the
+        job is still restarting then); the wait is the restart's schedule phase."""
+        self.rec.restart_phases(record_id, stop_ms=stop_ms, schedule_ms=delay_s * 1000)
+        self.say(f"job {self.job_id}: the next attempt starts in {delay_s:g} s (backoff)")
+        retry = CapacityRetry(self.attempt)
+        self._later(delay_s, lambda: self.post(retry))
 
     async def _wait_for_capacity(self, reason: str, message: str) -> None:
         """Stop everything and try again in `capacity_retry_s`, until `max_wait_s`."""
@@ -163,6 +178,25 @@ class Attempts(MasterCore):
         rep.restarts += 1
         rep.state = ReplicaState.STARTING
         self.hangs.starting(decision.replica)
+        if decision.delay_s > 0:  # an outage's backoff; the loop and the others go on
+            task = asyncio.ensure_future(self._start_alone_later(rep, decision.delay_s, record_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        await self._start_alone(rep, record_id)
+
+    async def _start_alone_later(self, rep: ReplicaSlot, wait_s: float, record_id: int) -> None:
+        """Start a replica restarted alone once its backoff is over, if it still may."""
+        attempt, restart = self.attempt, rep.restarts
+        self.rec.restart_phases(record_id, schedule_ms=wait_s * 1000)
+        await asyncio.sleep(wait_s)
+        if self._current(attempt, rep.plan.name, restart) is not rep:
+            return  # a new attempt began meanwhile
+        if rep.state is not ReplicaState.STARTING or self.state not in _STARTS_ALONE:
+            return  # the job ended or is being cancelled or restarted
+        await self._start_alone(rep, record_id)
+
+    async def _start_alone(self, rep: ReplicaSlot, record_id: int) -> None:
         t0 = self.clock()
         await self.backend.start([self._launch(rep)])
         self._record_warm_start()

@@ -34,6 +34,7 @@ from trainguard.master.inject import FaultInjector
 from trainguard.master.keeper import CheckpointKeeper
 from trainguard.master.launch import LaunchBuilder
 from trainguard.master.ledger import Ledger
+from trainguard.master.node_ledger import NodeLedger
 from trainguard.master.output_progress import OutputProgress
 from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.master.snapshot_keeper import SnapshotKeeper
@@ -44,7 +45,7 @@ from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.policy.decisions import STARTUP_WINDOW_S, decide_failure
 from trainguard.policy.gpus import GpuPool
 from trainguard.policy.logcontext import last_step
-from trainguard.records.recorder import Recorder
+from trainguard.records.recorder import NODE, Recorder
 from trainguard.spec.injection import Injection, parse_injection
 from trainguard.spec.models import ExecutionMode, JobSpec
 from trainguard.states import JobState, ReplicaState
@@ -138,6 +139,8 @@ class MasterCore:
         self.gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
         self.ledger = Ledger(recorder, self.gpus, say)
         self.ledger.isolate_node = backend.isolate_after
+        self.node_ledger = NodeLedger(recorder, job_id, spec, backend, say, clock)
+        self.node_ledger.avoid_known(NODE)
         if resume_after is not None:
             self.attempt = resume_after[0] - 1
             self.ledger.restarts = resume_after[1]
@@ -307,6 +310,7 @@ class MasterCore:
     def _record_failure(self, root: Failure, decision: Decision) -> None:
         self.ledger.failure(root, self._attempt_failures, decision)
         self._attempt_failures = []
+        self.node_ledger.after_failure(root, NODE)  # across jobs (R-EVID-4)
 
     @property
     def budgets(self) -> Budgets:

@@ -13,6 +13,7 @@ from trainguard.frameworks import EnvContext, Preset, Roster
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES
 from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
 from trainguard.spec.models import JobSpec
+from trainguard.spec.sizes import parse_memory
 
 
 @dataclass
@@ -84,4 +85,11 @@ class LaunchBuilder:
             env=env,
             cwd=self.cwd,
             log_path=log_path,
+            memory_bytes=self._memory_bytes(plan.role),
         )
+
+    def _memory_bytes(self, role: str) -> int | None:
+        """The `resources.memory` of the pool of `role`, in bytes (None: none set)."""
+        pools = self.spec.worker_pools if self.spec is not None else []
+        memory = next((p.resources.memory for p in pools if p.role == role), None)
+        return parse_memory(memory) if memory else None

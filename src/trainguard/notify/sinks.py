@@ -157,7 +157,11 @@ class AppriseSink:
         if self._broken is not None:
             return Outcome(False, False, self._broken, quiet=True)
         state = item.state or ""
-        if item.kind in ("hang", "isolation") or state in ("FAILED", "EXPIRED", "INTERRUPTED"):
+        if item.kind in ("hang", "isolation", "node_probation") or state in (
+            "FAILED",
+            "EXPIRED",
+            "INTERRUPTED",
+        ):
             kind = "FAILURE"
         elif item.kind == "restart":
             kind = "WARNING"

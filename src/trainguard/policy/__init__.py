@@ -5,6 +5,7 @@ clean exit, a hang or a start. No process, clock or network.
 
 __all__ = [
     "actions",
+    "backoff",
     "budgets",
     "catalogue",
     "classes",
@@ -16,7 +17,14 @@ __all__ = [
     "learned",
     "logcontext",
     "logtail",
+    "machine",
+    "machine_parse",
+    "node_check",
+    "outcome",
     "own_errors",
+    "probation",
     "progress_text",
+    "readings",
+    "stop_proof",
     "verdicts",
 ]

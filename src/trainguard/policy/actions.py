@@ -14,15 +14,24 @@ from trainguard.policy.budgets import Charge
 
 @dataclass(frozen=True)
 class RestartJob:
+    """Stop every replica and start a new attempt, `delay_s` after the stop (an outage's
+    backoff: `backoff_step` is which retry in a row it is, 0 for any other failure)."""
+
     reason: str
     charges: tuple[Charge, ...]
+    delay_s: float = 0.0
+    backoff_step: int = 0
 
 
 @dataclass(frozen=True)
 class RestartReplica:
+    """Start this replica again alone, `delay_s` after its failure (as `RestartJob`)."""
+
     replica: str
     reason: str
     charges: tuple[Charge, ...]
+    delay_s: float = 0.0
+    backoff_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,13 +45,18 @@ class RestartGroup:
     after_s: float
     reason: str
     charges: tuple[Charge, ...]
+    backoff_step: int = 0  # an outage's retry: `after_s` holds its backoff too
 
 
 @dataclass(frozen=True)
 class FailJob:
+    """End the job. `proof`: what proved the failure permanent, or which limit ended it
+    (a bug's rule, a recurrence, a spent budget); `message` ends with it too."""
+
     error_code: str
     message: str
     reason: str
+    proof: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,4 +116,7 @@ def describe(decision: Decision) -> str:
     target = f"({decision.replica})" if isinstance(decision, RestartReplica | GiveUpReplica) else ""
     if isinstance(decision, RestartGroup):
         target = f"(group {decision.group}: {', '.join(decision.replicas)})"
-    return f"{name}{target}: {decision.reason}{cost}"
+    proof = (
+        f" [proof: {decision.proof}]" if isinstance(decision, FailJob) and decision.proof else ""
+    )
+    return f"{name}{target}: {decision.reason}{cost}{proof}"

@@ -152,6 +152,9 @@ class Budgets:
     same_error: Tally = field(default_factory=Tally)  # "replica:fingerprint" -> count
     failed_replicas: frozenset[str] = frozenset()
     seen: Layers[Occurrence] = field(default_factory=Layers)  # fingerprint -> last occurrence
+    # Outage retries in a row (`policy.backoff`), and the last step known at one of them.
+    outage_streak: int = 0
+    outage_progress: int | None = None
 
     def after(self, failure: Failure, decision: object) -> Budgets:
         """The budgets once `failure` happened and `decision` (a value of
@@ -170,6 +173,10 @@ class Budgets:
                 alone = {**alone, c.budget.split(":", 1)[1]: c.used}
             elif not c.budget.startswith("same_error:"):
                 classes = {**classes, c.budget: c.used}
+        streak = getattr(decision, "backoff_step", 0)  # 0: not an outage's retry
+        step = failure.progress
+        if step is None and streak > 1:
+            step = self.outage_progress
         return Budgets(
             job_restarts=job,
             replica_restarts=alone,
@@ -177,4 +184,6 @@ class Budgets:
             same_error=self.same_error.plus(key),
             failed_replicas=failed if replica in failed else failed | {replica},
             seen=self.seen.set(failure.classification.fingerprint or "", failure.occurrence()),
+            outage_streak=streak,
+            outage_progress=step if streak else None,
         )

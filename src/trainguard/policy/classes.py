@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainguard.policy.logcontext import Phase
+from trainguard.policy.readings import MachineReading
 
 
 class ExitKind(StrEnum):
@@ -61,6 +62,9 @@ class ExitEvidence:
     progressed: bool | None = None  # it showed training progress (None: the log must tell)
     peers_finished: bool = False  # every other replica of its attempt had exited 0 before it
     own_ports: tuple[int, ...] = ()  # the ports trainguard chose for its attempt (rendezvous)
+    # What the machine said at the failure (policy.readings), absent sources included;
+    # empty where nothing was gathered (a pasted log, the corpus): then only the log counts.
+    machine: tuple[MachineReading, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class Classification:
     confidence: float = 1.0  # how sure the evidence makes the class (see UNCERTAIN_BELOW)
     phase: str = Phase.UNKNOWN.value  # start-up or training, when the failure happened
     notes: tuple[str, ...] = ()  # what the context changed, for `explain`
+    readings: tuple[MachineReading, ...] = ()  # the machine's, as weighed (policy.machine)
 
     @property
     def is_failure(self) -> bool:

@@ -18,7 +18,9 @@ fingerprint for counting "the same error". The evidence is weighed in this order
    replica exited 0), SIGKILL/SIGTERM from outside are
    preemption, anything else is a user error (a traceback names it);
 6. where the rules are unsure (confidence under 0.7), a small learned model of real
-   logs reads the tail as a second opinion; a retry it grants is granted once.
+   logs reads the tail as a second opinion; a retry it grants is granted once;
+7. the machine's readings at the failure (kernel log, cgroup, disk, GPUs, the signal's
+   sender) settle what the log could not (`policy.machine`).
 """
 
 from __future__ import annotations
@@ -41,14 +43,16 @@ from trainguard.policy.fingerprint import fingerprint
 from trainguard.policy.learned import reconsider
 from trainguard.policy.logcontext import phase_of
 from trainguard.policy.logtail import exception_block
+from trainguard.policy.machine import weigh_machine
 from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text, zygote_death
 from trainguard.signals import decode_returncode, signal_name
 
 
 def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """Classify one exit from its evidence alone: the rules, then, where they are unsure,
-    the learned model's reading of the log (`trainguard.policy.learned`)."""
-    return reconsider(classify_by_rules(ev, rules), ev.log_tail)
+    the learned model's reading of the log (`trainguard.policy.learned`), then what the
+    machine said (`trainguard.policy.machine`; nothing where it said nothing)."""
+    return weigh_machine(reconsider(classify_by_rules(ev, rules), ev.log_tail), ev)
 
 
 def classify_by_rules(ev: ExitEvidence, rules: Rules | None = None) -> Classification:

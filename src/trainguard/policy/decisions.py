@@ -9,6 +9,12 @@ The rules, in order, for a failure:
 2. more than `max_tolerated_failure_rate` of the replicas have failed -> FailJob;
    the history rule: the same fingerprint at the same progress point (the same step,
    or start-up both times) as in an earlier attempt -> FailJob, whatever the class;
+   except a sure outage (`backoff.is_sure_outage`: a remote service, storage, network or
+   rendezvous error read with confidence) recurring in start-up while its backoff lasts
+   (this retry in a row within `backoff.ladder(ft)`, the retries the wait takes to reach
+   `transient_backoff_max_s`): a service that is down fails every start the same way, so
+   there the recurrence proves nothing until the backoff is spent. The same step during
+   training ends the job as for any class;
 3. the same error (fingerprint) on this replica more than `max_num_of_same_error`
    times -> FailJob;
 4. a per-class budget (transient exits 3, capacity 3, internal 2) spent -> FailJob
@@ -21,6 +27,9 @@ The rules, in order, for a failure:
    by default): restart it alone while its `max_replica_restarts` last, then the whole
    job (or, as the framework says, fail the job or give the replica up);
 6. the whole job: while `enable_job_restart` and `max_num_of_job_restart` allow.
+An outage's restart (any of 5, 6) waits its backoff first (`delay_s`, in its reason).
+Every FailJob names its proof (`stop_proof`): the rule that read it as permanent, the
+recurrence, or the limit spent; the job's error message ends with it.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ from trainguard.policy.actions import (
     Succeed,
     WaitForCapacity,
 )
+from trainguard.policy.backoff import backoff_for, rides_out, waiting
 from trainguard.policy.budgets import Budgets, Charge, Failure, Limit, Occurrence
 from trainguard.policy.classes import Classification, FailureClass
+from trainguard.policy.stop_proof import rule_proof, with_proof
 from trainguard.spec.limits import UNLIMITED, limit_allows
 from trainguard.spec.models import (
     ExecutionMode,
@@ -105,26 +116,33 @@ def error_code(c: Classification) -> str:
     return str(c.exit_code)
 
 
-def _fail(failure: Failure, why: str) -> FailJob:
+def _fail(failure: Failure, why: str, proof: str) -> FailJob:
     c = failure.classification
-    return FailJob(error_code(c), c.message, why)
+    return FailJob(error_code(c), with_proof(c.message, proof), why, proof)
 
 
-def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str]:
+def _is_retryable(ft: FaultTolerance, c: Classification) -> tuple[bool, str, str]:
+    """Whether to retry, why, and (for a stop) its proof."""
     if ft.fault_tolerant_policy is FaultTolerantPolicy.NEVER:
-        return False, "fault_tolerant_policy is Never"
+        return False, "fault_tolerant_policy is Never", "fault_tolerant_policy is Never"
     if c.failure_class is FailureClass.USER_ERROR and c.exit_code is None:
-        return False, "the command cannot be started; a retry cannot help"
+        why = "the command cannot be started; a retry cannot help"
+        return False, why, f"the command cannot be started ({c.reason})"
     if ft.fault_tolerant_policy is FaultTolerantPolicy.ON_FAILURE:
-        return True, "fault_tolerant_policy is OnFailure"
+        return True, "fault_tolerant_policy is OnFailure", ""
     if c.retryable:
-        return True, f"{c.failure_class} is retryable (rule {c.rule})"
+        return True, f"{c.failure_class} is retryable (rule {c.rule})", ""
     if ft.retry_uncertain and c.uncertain:
-        return True, (
-            f"{c.failure_class} reads as not retryable (rule {c.rule}), but the evidence is "
-            f"uncertain (confidence {c.confidence:.2f}) and retry_uncertain gives it a retry"
+        return (
+            True,
+            (
+                f"{c.failure_class} reads as not retryable (rule {c.rule}), but the evidence is "
+                f"uncertain (confidence {c.confidence:.2f}) and retry_uncertain gives it a retry"
+            ),
+            "",
         )
-    return False, f"{c.failure_class} is not retryable (rule {c.rule})"
+    proof = rule_proof(c) + ("; retry_uncertain is off" if c.uncertain else "")
+    return False, f"{c.failure_class} is not retryable (rule {c.rule})", proof
 
 
 STARTUP_WINDOW_S = 300.0
@@ -174,11 +192,16 @@ def _job_restart(
     ft: FaultTolerance, b: Budgets, failure: Failure, why: str, extra: tuple[Charge, ...]
 ) -> Decision:
     if not ft.enable_job_restart:
-        return _fail(failure, f"{why}; but enable_job_restart is False")
+        return _fail(
+            failure, f"{why}; but enable_job_restart is False", "enable_job_restart is False"
+        )
     limit = ft.max_num_of_job_restart
     if not limit_allows(limit, b.job_restarts):
+        spent = f"({b.job_restarts}/{limit})"
         return _fail(
-            failure, f"{why}; but the job restart budget is spent ({b.job_restarts}/{limit})"
+            failure,
+            f"{why}; but the job restart budget is spent {spent}",
+            f"max_num_of_job_restart is spent {spent}",
         )
     charge = Charge("job_restarts", b.job_restarts + 1, limit)
     return RestartJob(why, (*extra, charge))
@@ -202,12 +225,32 @@ def decide_failure(
     a shard of a job that allows a partial result, is given up instead of ending the job.
     """
     c = failure.classification
-    retry, why = _is_retryable(ft, c)
+    retry, why, proof = _is_retryable(ft, c)
     if not retry:
-        return _end_replica(roles, ft, failure, why)
+        return _end_replica(roles, ft, failure, why, proof)
+    backoff = backoff_for(ft, b, failure)
     repeat = repeated_at_same_point(b, failure) if ft.enable_repeat_detection else None
-    if repeat is not None:
-        return _end_replica(roles, ft, failure, f"{why}; but {repeat}")
+    if repeat is not None and rides_out(backoff, failure):
+        why = f"{why}; the same outage again in start-up, ridden out until its backoff is spent"
+    elif repeat is not None:
+        proof = repeat.removesuffix(": not transient")
+        return _end_replica(roles, ft, failure, f"{why}; but {repeat}", proof)
+    d = _retry(ft, b, failure, why, world_size, wait_for_capacity, roles, groups_up)
+    return d if backoff is None else waiting(d, backoff)
+
+
+def _retry(
+    ft: FaultTolerance,
+    b: Budgets,
+    failure: Failure,
+    why: str,
+    world_size: int,
+    wait_for_capacity: bool,
+    roles: RolePolicy,
+    groups_up: int,
+) -> Decision:
+    """A retryable failure: how, within which budgets (rules 2 to 6)."""
+    c = failure.classification
 
     if wait_for_capacity and c.failure_class is FailureClass.CAPACITY:
         limit_c = ft.max_capacity_restarts
@@ -222,21 +265,20 @@ def decide_failure(
     rate = ft.max_tolerated_failure_rate
     failed = len(b.failed_replicas) + (failure.replica not in b.failed_replicas)
     if rate is not None and failed / max(1, world_size) > rate:
+        too_many = f"{failed} of {world_size} replicas have failed"
         return _fail(
             failure,
-            f"{why}; but {failed} of {world_size} replicas have failed, "
-            f"more than max_tolerated_failure_rate {rate:g}",
+            f"{why}; but {too_many}, more than max_tolerated_failure_rate {rate:g}",
+            f"{too_many} (max_tolerated_failure_rate {rate:g})",
         )
 
     same = b.same_error.get(failure.same_error_key, 0) + 1
     if ft.max_num_of_same_error != UNLIMITED and same > ft.max_num_of_same_error:
-        return _end_replica(
-            roles,
-            ft,
-            failure,
-            f"{why}; but {failure.replica} hit the same error {same} times "
-            f"(max_num_of_same_error {ft.max_num_of_same_error})",
+        proof = (
+            f"{failure.replica} hit the same error {same} times "
+            f"(max_num_of_same_error {ft.max_num_of_same_error})"
         )
+        return _end_replica(roles, ft, failure, f"{why}; but {proof}", proof)
     extra: tuple[Charge, ...] = (
         Charge(f"same_error:{failure.same_error_key}", same, ft.max_num_of_same_error),
     )
@@ -246,8 +288,8 @@ def decide_failure(
         limit: Limit = getattr(ft, budget_field)
         used = b.class_restarts.get(budget_field, 0)
         if not limit_allows(limit, used):
-            why = f"{why}; but {budget_field} is spent ({used}/{limit})"
-            return _end_replica(roles, ft, failure, why)
+            spent = f"{budget_field} is spent ({used}/{limit})"
+            return _end_replica(roles, ft, failure, f"{why}; but {spent}", spent)
         extra = (*extra, Charge(budget_field, used + 1, limit))
 
     # Past _is_retryable, an uncertain failure is retried under this budget, whichever
@@ -255,11 +297,11 @@ def decide_failure(
     if c.uncertain and ft.fault_tolerant_policy is not FaultTolerantPolicy.ON_FAILURE:
         used = b.class_restarts.get("max_uncertain_restarts", 0)
         if not limit_allows(ft.max_uncertain_restarts, used):
+            spent = f"max_uncertain_restarts is spent ({used}/{ft.max_uncertain_restarts})"
             why = (
-                f"{why}; but the evidence is uncertain (confidence {c.confidence:.2f}) and "
-                f"max_uncertain_restarts is spent ({used}/{ft.max_uncertain_restarts})"
+                f"{why}; but the evidence is uncertain (confidence {c.confidence:.2f}) and {spent}"
             )
-            return _end_replica(roles, ft, failure, why)
+            return _end_replica(roles, ft, failure, why, f"{spent}, {rule_proof(c)}")
         extra = (*extra, Charge("max_uncertain_restarts", used + 1, ft.max_uncertain_restarts))
 
     group = roles.group_of(failure.replica)
@@ -271,9 +313,10 @@ def decide_failure(
         if limit_allows(ft.max_replica_restarts, used):
             charge = Charge(key, used + 1, ft.max_replica_restarts)
             return RestartReplica(failure.replica, why, (*extra, charge))
-        why = f"{why}; {failure.replica} spent its {ft.max_replica_restarts} restarts"
+        spent = f"{failure.replica} spent its {ft.max_replica_restarts} restarts"
+        why = f"{why}; {spent}"
         if failure.role in roles.optional or roles.on_spent != "restart_job":
-            return _end_replica(roles, ft, failure, why)
+            return _end_replica(roles, ft, failure, why, spent)
         why = f"{why}, so the job restarts"
     return _job_restart(ft, b, failure, why, extra)
 
@@ -311,13 +354,16 @@ def group_key(group: int) -> str:
     return f"group-{group}"
 
 
-def _end_replica(roles: RolePolicy, ft: FaultTolerance, failure: Failure, why: str) -> Decision:
-    """A replica that may not be retried: given up where its role allows, else the job fails."""
+def _end_replica(
+    roles: RolePolicy, ft: FaultTolerance, failure: Failure, why: str, proof: str
+) -> Decision:
+    """A replica that may not be retried: given up where its role allows, else the job
+    fails, naming `proof`."""
     if failure.role in roles.optional:
         return GiveUpReplica(failure.replica, f"{why}; {failure.role} is optional")
     if roles.on_spent == "give_up" and roles.restarts_alone(failure.role, ft.execution_mode):
         return GiveUpReplica(failure.replica, f"{why}; a partial result is allowed")
-    return _fail(failure, why)
+    return _fail(failure, why, proof)
 
 
 def decide_clean_exit(

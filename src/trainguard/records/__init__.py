@@ -12,6 +12,7 @@ __all__ = [
     "explain",
     "goodput",
     "liveness",
+    "nodes",
     "queries",
     "recorder",
     "rows",

@@ -12,6 +12,7 @@ from trainguard.policy.catalogue import Rules
 from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
 from trainguard.policy.classify import classify_exit
 from trainguard.policy.logtail import TAIL_BYTES, Tail, printable
+from trainguard.policy.readings import from_json
 from trainguard.records.rows import FailureRow
 from trainguard.records.schema import DECISION_EVENT, HANG_CLEARED_EVENT, WARM_START_EVENT
 from trainguard.signals import parse_signal
@@ -96,6 +97,8 @@ def print_explain(
             out.append(f"    at step      {f['step']}")
         for note in (f.get("notes") or "").splitlines():
             out.append(f"    context      {note}")
+        for reading in from_json(f.get("machine")):  # source: value -> reading (sure)
+            out.append(f"    machine      {reading.shown()}")
         out.append(f"    fingerprint  {f['fingerprint']}")
         out.append(f"    message      {f['message']}")
         out.append(f"    decision     {f['decision']}")
@@ -125,9 +128,14 @@ def _returncode(exit_code: str | None, sig: str | None) -> int:
 
 
 def classify_file(
-    path: Path, exit_code: str | None, sig: str | None, keywords: Sequence[str] = ()
+    path: Path,
+    exit_code: str | None,
+    sig: str | None,
+    keywords: Sequence[str] = (),
+    progressed: bool | None = None,
 ) -> Classification:
-    """The classifier, as the master runs it, over the tail of any log file."""
+    """The classifier, as the master runs it, over the tail of any log file; `progressed`
+    is what a live master knows and a pasted log may hide (it trained before it failed)."""
     try:
         data = read_tail(path, TAIL_BYTES)  # bounded: a device, a FIFO, a huge file
     except OSError as exc:
@@ -135,7 +143,8 @@ def classify_file(
     tail = Tail()  # the bounds of the master's own tail of a replica's output
     for line in data.decode("utf-8", "replace").splitlines():
         tail.append(line)
-    ev = ExitEvidence("replica", _returncode(exit_code, sig), log_tail=tail.lines())
+    code = _returncode(exit_code, sig)
+    ev = ExitEvidence("replica", code, log_tail=tail.lines(), progressed=progressed)
     return classify_exit(ev, Rules.default(tuple(keywords)))
 
 

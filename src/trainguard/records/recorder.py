@@ -11,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func
+
 from trainguard.errors import StoreError
 from trainguard.hangs.diagnose import Diagnosis
 from trainguard.notify.notifier import Notifier
 from trainguard.policy.budgets import Failure
 from trainguard.policy.classes import Classification
+from trainguard.policy.readings import to_json
 from trainguard.records.schema import (
     CUSTOM_MESSAGE_EVENT,
     KEPT_CUSTOM_MESSAGES,
@@ -283,6 +286,7 @@ class Recorder:
             phase=c.phase,
             step=f.progress,
             notes="\n".join(c.notes) or None,
+            machine=to_json(c.readings),
         )
 
     def diagnosis(self, diag: Diagnosis, attempt: int, at_s: float, kind: str) -> int:
@@ -364,3 +368,8 @@ class Recorder:
 
     def restart_phases(self, record_id: int, **phases_ms: float) -> None:
         self._write(self.store.update_row, restart_records, record_id, **phases_ms)
+
+    def restart_note(self, record_id: int, note: str) -> None:
+        """Add to what a restart took out of the next attempt (a node check's finding)."""
+        isolated = func.coalesce(restart_records.c.isolated + "; ", "") + note
+        self._write(self.store.update_row, restart_records, record_id, isolated=isolated)

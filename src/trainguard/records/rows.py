@@ -198,3 +198,22 @@ class FailureRow(_Row):
     phase: str | None
     step: int | None
     notes: str | None
+    machine: str | None
+
+
+@dataclass(frozen=True)
+class NodeEventRow(_Row):
+    """A row of `node_events` (the node ledger)."""
+
+    id: int
+    node: str
+    kind: str
+    at_s: float
+    job_id: str | None
+    attempt: int | None
+    replica: str | None
+    failure_class: str | None
+    rule: str | None
+    matched_line: str | None
+    reason: str | None
+    backend: str | None

@@ -204,4 +204,25 @@ failure_records = Table(
     Column("phase", String(16)),  # start-up, training or unknown
     Column("step", BigInteger),  # the progress point: the step the replica had reached
     Column("notes", Text),  # what the context changed, one per line
+    Column("machine", Text),  # what the machine said (JSON: policy.readings.to_json)
+)
+
+# The node ledger (R-EVID-4), shared by every job of the store: per node, each failure that
+# blames the machine (with its evidence) and each change of its standing, in order
+# (`trainguard nodes`; trainguard.policy.probation reads it).
+node_events = Table(
+    "node_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(255), nullable=False, index=True),
+    Column("kind", String(16), nullable=False),  # fault, probation, released, check_passed
+    Column("at_s", Float, nullable=False),
+    Column("job_id", String(64)),  # the failing job (no key: the ledger outlives jobs)
+    Column("attempt", Integer),
+    Column("replica", String(64)),
+    Column("failure_class", String(32)),
+    Column("rule", String(64)),
+    Column("matched_line", Text),
+    Column("reason", Text),  # why it blames the machine, or why the standing changed
+    Column("backend", String(16)),  # where the job ran: local, slurm, ray
 )

@@ -7,6 +7,7 @@ blocking transactions never stall the event loop that schedules jobs.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, TrainguardError
+from trainguard.records import nodes
 from trainguard.records.queries import StoreReader
 from trainguard.service.config import challenge_proof
 from trainguard.service.metrics import render_metrics
@@ -82,6 +84,7 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     # Our errors as HTTP statuses; the most specific class wins (Starlette looks up the MRO).
     for kind, code in (
         (JobNotFound, 404),
+        (nodes.NodeNotFound, 404),
         (SpecError, 422),
         (ResumeError, 409),
         (StoreError, 503),
@@ -172,6 +175,15 @@ def create_app(service: Service) -> FastAPI:  # noqa: C901 (the routes: closures
     def resume(ref: JobRef) -> dict[str, Any]:
         job = service.resume(ref)
         return {"id": job.id, "state": job.state, "message": "queued to resume"}
+
+    @app.get("/api/nodes")
+    def list_nodes() -> list[dict[str, Any]]:
+        """The node ledger: each node's standing and history (R-EVID-4)."""
+        return nodes.nodes_view(store)
+
+    @app.post("/api/nodes/{node}/release")
+    def release_node(node: Annotated[str, Path(pattern=nodes.NODE_NAME)]) -> dict[str, Any]:
+        return nodes.view(nodes.release(store, node, time.time(), "the server's API"))
 
     @app.get("/metrics")
     def metrics() -> Response:

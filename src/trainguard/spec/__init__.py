@@ -13,6 +13,7 @@ __all__ = [
     "injection",
     "limits",
     "models",
+    "node_probation",
     "notify_rules",
     "problems",
     "progress",

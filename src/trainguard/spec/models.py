@@ -32,6 +32,7 @@ from trainguard.spec.limits import (
     Limit,
     pattern_problems,
 )
+from trainguard.spec.node_probation import NodeProbation
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.spec.problems import validation_problems
 from trainguard.spec.progress import ProgressOptions
@@ -134,12 +135,18 @@ class FaultTolerance(SpecModel):
     max_uncertain_restarts: Limit = 1
     # A failure the evidence reads as permanent, but uncertainly (no known sign, a bare
     # exit status, the learned model's guess), gets one retry too, charged to the same
-    # budget: the history rule ends it at its second occurrence at the same point. For jobs
-    # that must not end on an unclear failure; off, as a bug is never retried.
-    retry_uncertain: bool = False
+    # budget: the history rule ends it at its second occurrence at the same point. On by
+    # default (issue 38): a job ends at once only on proof; an unsettled failure costs one
+    # attempt, while a retryable failure wrongly ended costs a person's night.
+    retry_uncertain: bool = True
     # The same error at the same progress point (step, or start-up) in two attempts ends
     # the job whatever its class: it is deterministic, not transient.
     enable_repeat_detection: bool = True
+    # A failure read as an outage of a remote service, storage, the network or the
+    # rendezvous is retried after 1, 2, 4 ... s (doubling per retry in a row), at most
+    # `transient_backoff_max_s`, within the restart budgets (0: retried at once).
+    transient_backoff_s: float = Field(default=1.0, ge=0, le=3600)
+    transient_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
     stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
     # The job's own retryable errors: regexes (or plain keywords) searched in the log
     # tail of a failed replica, before the built-in catalogue.
@@ -155,12 +162,19 @@ class FaultTolerance(SpecModel):
     enable_job_exit_hang_detection: bool = True
     job_exit_hang_interval: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
     enable_c4d_hang_detection: bool = False
+    # When a node with machine-blamed failures of several jobs is avoided (R-EVID-4).
+    node_probation: NodeProbation = Field(default_factory=NodeProbation)
 
     @model_validator(mode="after")
     def _bounded_patterns(self) -> FaultTolerance:
         problems = pattern_problems(self.retryable_errors, "retryable_errors")
         if problems:
             raise ValueError(problems[0])  # each names its item: the first says enough
+        if self.transient_backoff_max_s < self.transient_backoff_s:
+            raise ValueError(
+                f"transient_backoff_max_s: must be at least transient_backoff_s "
+                f"({self.transient_backoff_s:g}), got {self.transient_backoff_max_s:g}"
+            )
         return self
 
     @model_validator(mode="before")

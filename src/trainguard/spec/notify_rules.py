@@ -12,8 +12,17 @@ from trainguard.spec.base import SpecModel
 from trainguard.spec.text import shown
 from trainguard.states import JobState
 
-EventKind = Literal["state_change", "restart", "hang", "isolation", "custom_message"]
-EVENT_KINDS: tuple[str, ...] = ("state_change", "restart", "hang", "isolation", "custom_message")
+EventKind = Literal[
+    "state_change", "restart", "hang", "isolation", "custom_message", "node_probation"
+]
+EVENT_KINDS: tuple[str, ...] = (
+    "state_change",
+    "restart",
+    "hang",
+    "isolation",
+    "custom_message",
+    "node_probation",  # a node went on probation: every job avoids it (R-EVID-4)
+)
 _JOB_STATES = tuple(s.value for s in JobState)
 
 

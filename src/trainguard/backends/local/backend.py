@@ -27,43 +27,21 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.node_layout import NodeLayout, without_own
-from trainguard.backends.local.run import PipeProtocol, Protocol, Run
-from trainguard.backends.local.tracking import Tracking
+from trainguard.backends.local.oom import exit_readings, memory_reading
+from trainguard.backends.local.run import PipeProtocol, Protocol, Run, spawn_failed
+from trainguard.backends.local.tracking import RunProcesses, Tracking, alive, already_exited
 from trainguard.backends.local.warm_start import WarmStart
 from trainguard.backends.local.zygote import ZygoteError
 from trainguard.backends.net import free_port
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.policy.classes import Classification
 from trainguard.policy.own_errors import zygote_death_note
 from trainguard.signals import signal_name
 
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
-_TRACEBACK = "Traceback (most recent call last):"
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 _KILLED_S = 5.0  # how long a forked replica's exit may take to come once it was SIGKILLed
-
-
-def _already_exited(pid: int) -> bool:
-    """True if the child has exited but is not yet reaped (peek without reaping)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a live process (not a zombie), whoever's child it is."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def _printed_traceback(run: Run) -> bool:
-    return any(line.startswith(_TRACEBACK) for line in run.output.tail.lines())
 
 
 class LocalBackend:
@@ -125,7 +103,12 @@ class LocalBackend:
             launches = [without_own(la) for la in launches]
         if self._guardian is None:
             self._guardian = Guardian()
-            self._tracking = Tracking(self._guardian.token, TOKEN_ENV)
+            self._tracking = Tracking(
+                self._guardian.token,
+                TOKEN_ENV,
+                self._warm.notes.append,
+                self._guardian.sweep_cgroups,
+            )
             if self._tracking.cgroups is not None:
                 self._guardian.sweep_cgroups(str(self._tracking.cgroups.folder))
             else:  # the weaker fence: say so where the warm start's notes are recorded
@@ -144,13 +127,14 @@ class LocalBackend:
         zygote = self._warm.zygote
         assert zygote is not None
         assert self._guardian is not None and self._tracking is not None
-        run = Run(launch, self._tee, self._on_output, self._tracking.new_run())
+        run = Run(launch, self._tee, self._on_output, self._new_run(launch))
         run.forked = True
+        self._hold(run)  # before it joins: it is held from birth
         env = {**launch.env, TOKEN_ENV: self._guardian.token}  # for what it execs
         r, w = os.pipe()
         try:
             run.pid = await zygote.spawn(
-                launch.argv, env, launch.cwd, w, cgroup=run.processes.procs_file
+                launch.argv, env, launch.cwd, w, cgroup=run.processes.procs_files
             )
         except ZygoteError:
             os.close(r)
@@ -206,7 +190,7 @@ class LocalBackend:
         """
         guardian, tracking = self._guardian, self._tracking
         assert guardian is not None and tracking is not None
-        run = Run(launch, self._tee, self._on_output, tracking.new_run())
+        run = Run(launch, self._tee, self._on_output, self._new_run(launch))
         guardian.spawning()
         pid: int | None = None
         leave = run.processes.host_spawn()  # the child is born in the run's cgroup
@@ -227,7 +211,7 @@ class LocalBackend:
             leave()
             run.output.close()
             run.processes.remove()
-            self._emit(self._spawn_failed(launch, exc))
+            self._emit(spawn_failed(launch, exc))
             return
         finally:
             leave()
@@ -235,7 +219,22 @@ class LocalBackend:
         run.transport = transport
         run.pid = transport.get_pid()
         run.processes.add(run.pid)  # the tree's root (in a cgroup it was born inside)
+        self._hold(run)  # now that this process has left its cgroup (`memory_limit`)
         self._started(run)
+
+    def _new_run(self, launch: Launch) -> RunProcesses:
+        """The run's tracking, held to its pool's resources.memory on the job's own node
+        (not the srun processes of a Slurm job: Slurm holds its steps)."""
+        assert self._tracking is not None
+        own_node = self._layout is not None
+        return self._tracking.new_run(launch.memory_bytes if own_node else None)
+
+    def _hold(self, run: Run) -> None:
+        why = run.processes.hold()
+        if why is not None and self._tracking is not None:
+            self._tracking.say_once(f"a replica's resources.memory is not enforced: {why}")
+
+    _spawn_failed = staticmethod(spawn_failed)  # (moved to `run`; tests still call it here)
 
     def _started(self, run: Run) -> None:
         launch = run.launch
@@ -246,19 +245,6 @@ class LocalBackend:
         task = asyncio.create_task(self._watch(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _spawn_failed(self, launch: Launch, exc: OSError) -> ReplicaExited:
-        program = launch.argv[0]
-        if isinstance(exc, FileNotFoundError):
-            why = f"command not found: {program!r}"
-            if not os.path.isdir(launch.cwd):
-                why = f"working directory not found: {launch.cwd!r}"
-        elif isinstance(exc, PermissionError):
-            why = f"permission denied: {program!r} is not executable"
-        else:
-            why = f"cannot start {program!r}: {exc.strerror or exc}"
-        ev = ExitEvidence(launch.replica, None, spawn_error=why, spawn_errno=exc.errno)
-        return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())
 
     # -------------------------------------------------------------- output
 
@@ -290,6 +276,9 @@ class LocalBackend:
         seen_s = time.time()
         assert run.transport is not None
         returncode = run.returncode
+        oom_kills = run.oom_kills()  # before its cgroup, which may count them, goes
+        failed = returncode and not run.stop_requested and self._layout is not None
+        memory = memory_reading(run) if failed else None  # not srun's host under Slurm
         # Whatever it left behind goes with it: its group, and what left the group (a new
         # session, a double fork, a child holding its output pipe) by its cgroup.
         self._killpg(run, signal.SIGKILL)
@@ -304,6 +293,8 @@ class LocalBackend:
         launch = run.launch
         if self._runs.get(launch.replica) is run:
             del self._runs[launch.replica]
+        tail = (*run.output.tail.lines(), *run.notes)
+        machine = () if memory is None else await exit_readings(run, memory, tail)  # bounded
         run.done.set()
         self._emit(
             ReplicaExited.of(
@@ -312,8 +303,9 @@ class LocalBackend:
                 seen_s,
                 returncode,
                 stop_requested=run.stop_requested,
-                log_tail=(*run.output.tail.lines(), *run.notes),
-                oom_kills=run.oom_kills(),
+                log_tail=tail,
+                oom_kills=oom_kills,
+                machine=machine,
             )
         )
 
@@ -341,7 +333,7 @@ class LocalBackend:
         # One that has printed a traceback is most likely exiting of its own error (Python
         # with torch can take a while to shut down, and its peers fail first on the closed
         # connection): let it end on its own, so its own exit is its cause, not our stop.
-        dying = [r for r in runs if not r.exited.is_set() and _printed_traceback(r)]
+        dying = [r for r in runs if not r.exited.is_set() and r.printed_traceback()]
         if dying:
             await asyncio.wait(
                 [asyncio.ensure_future(r.exited.wait()) for r in dying], timeout=_DYING_S
@@ -349,7 +341,7 @@ class LocalBackend:
         for run in runs:
             # One that already died on its own (a zombie not yet reaped) keeps its own
             # exit: it may be the root cause, and is not the master's doing.
-            gone = run.exited.is_set() if run.forked else _already_exited(run.pid)
+            gone = run.exited.is_set() if run.forked else already_exited(run.pid)
             run.stop_requested = not gone
             for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped one must see the TERM
                 self._killpg(run, sig)
@@ -363,7 +355,7 @@ class LocalBackend:
                     run.processes.signal(signal.SIGKILL, but_group=run.pid)
             _, pending = await asyncio.wait(pending, timeout=_KILLED_S)
             for run in runs:  # a forked one whose exit its zygote never sent: it is gone
-                if run.forked and not run.done.is_set() and not _alive(run.pid):
+                if run.forked and not run.done.is_set() and not alive(run.pid):
                     run.exit_with(-signal.SIGKILL, "trainguard: killed; no exit status came")
             if pending:
                 await asyncio.wait(pending)

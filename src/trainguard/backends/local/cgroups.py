@@ -13,7 +13,9 @@ with fork included), then v1's `pids`, `freezer` and `memory` controllers (kille
 why, and the backend falls back to being a child subreaper (`subreaper`).
 
 A v1 memory cgroup counts its own OOM kills (they do not reach its parent's counter): a
-run's `oom_kills` reads it, so the OOM evidence stays right wherever the run lives.
+run's `oom_kills` reads it, so the OOM evidence stays right wherever the run lives. A run
+held to its `resources.memory` may have a companion: the same run in v1's memory hierarchy
+(`memory_limit`), joined, emptied and removed with it.
 """
 
 from __future__ import annotations
@@ -129,13 +131,16 @@ class RunCgroup:
         self.path = path
         self._v2 = v2
         self._home = home  # the cgroup this process lives in, to come back to
+        self.companions: list[RunCgroup] = []  # the same run in another hierarchy (memory)
+        self.pending_limit: Callable[[], None] | None = None  # `memory_limit`'s, for `hold`
 
     def host_spawn(self) -> Callable[[], None]:
         """Move this process into the run's cgroup, so that the child it starts next is
         born inside (no window in which it could start something outside); returns the
         call that moves it back (idempotent). A child started by vfork + exec cannot be
         moved before it runs, and a replica's program may fork at once."""
-        moved = self._home is not None and self.add(os.getpid())
+        leaves = [c.host_spawn() for c in self.companions]  # none holds its limit yet
+        moved = self._home is not None and self._join(os.getpid())
         home = self._home
 
         def leave() -> None:
@@ -144,6 +149,8 @@ class RunCgroup:
                 moved = False
                 with contextlib.suppress(OSError):
                     (home / "cgroup.procs").write_text(str(os.getpid()))
+            for back in leaves:
+                back()
 
         return leave
 
@@ -152,15 +159,47 @@ class RunCgroup:
         """Where a process writes its own pid to join (a child forked by the zygote)."""
         return str(self.path / "cgroup.procs")
 
-    def add(self, pid: int) -> bool:
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """Every `cgroup.procs` a forked child joins: this run's, then its companions'."""
+        return (self.procs_file, *(c.procs_file for c in self.companions))
+
+    def _join(self, pid: int) -> bool:
         try:
             (self.path / "cgroup.procs").write_text(str(pid))
         except OSError:  # it exited already, or the folder is gone
             return False
         return True
 
+    def add(self, pid: int) -> bool:
+        for companion in self.companions:
+            companion.add(pid)
+        return self._join(pid)
+
+    def hold(self) -> str | None:
+        """Write the run's memory limit (once; `memory_limit`): None, or why it could not
+        (the run goes on unlimited)."""
+        pending, self.pending_limit = self.pending_limit, None
+        if pending is not None:
+            try:
+                pending()
+            except OSError as exc:
+                return str(exc)
+        return None
+
+    @property
+    def memory_path(self) -> Path | None:
+        """The run's own memory cgroup (its counters, its limit), if it has one."""
+        for group in (self, *self.companions):
+            if any((group.path / f).is_file() for f in ("memory.events", "memory.oom_control")):
+                return group.path
+        return None
+
     def pids(self) -> list[int]:
-        return _pids(self.path)
+        found = _pids(self.path)
+        for companion in self.companions:  # the same processes, unless one failed to join
+            found += [p for p in companion.pids() if p not in found]
+        return found
 
     def signal(self, sig: int, but_group: int = 0) -> None:
         """Send `sig` to every process of the run (the stop's SIGTERM, SIGCONT) but those
@@ -169,12 +208,13 @@ class RunCgroup:
 
     def oom_kills(self) -> int:
         """OOM kills counted by this cgroup itself (a v1 memory cgroup); 0 elsewhere."""
+        kills = sum(c.oom_kills() for c in self.companions)
         with contextlib.suppress(OSError, ValueError):
             for line in (self.path / "memory.oom_control").read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
-                    return int(value)
-        return 0
+                    return kills + int(value)
+        return kills
 
     async def kill(self) -> bool:
         """SIGKILL every process of the run and wait (bounded) until none is left; True
@@ -188,7 +228,7 @@ class RunCgroup:
             pids = self.pids()
             if not pids:
                 return True
-            if not self._v2:
+            if not self._v2 or self.companions:
                 signal_all(pids, signal.SIGKILL)  # again each round: forks in between
             if time.monotonic() >= deadline:
                 return False
@@ -196,6 +236,8 @@ class RunCgroup:
             pause = min(2 * pause, 0.05)
 
     def remove(self) -> None:
+        for companion in self.companions:
+            companion.remove()
         _remove_tree(self.path)
 
 

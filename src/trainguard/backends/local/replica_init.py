@@ -78,10 +78,10 @@ def become_replica(
         os._exit(code)
 
 
-def _join(procs_file: str | None) -> None:
-    """Enter the run's cgroup before anything runs, so all it starts is inside too
-    (`tracking`); the master moves it there again once it knows the pid."""
-    if procs_file:
+def _join(procs_files: list[str] | None) -> None:
+    """Enter the run's cgroups (its own, its memory one) before anything runs, so all it
+    starts is inside too (`tracking`); the master moves it there again once it knows the pid."""
+    for procs_file in procs_files or ():
         with contextlib.suppress(OSError), open(procs_file, "w") as fh:
             fh.write(str(os.getpid()))
 

@@ -4,16 +4,21 @@ starts (`tracking`); with the asyncio protocols that feed it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TextIO
 
-from trainguard.backends.api import Launch
+from trainguard.backends.api import Launch, ReplicaExited
 from trainguard.backends.local.oom import oom_kill_count
 from trainguard.backends.local.tracking import RunProcesses
+from trainguard.backends.machine_probe import monotonic_us
 from trainguard.backends.output import RunOutput
+from trainguard.policy.classes import ExitEvidence
 
 OnOutput = Callable[["Run", bool, tuple[str, ...]], None]
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 class Run:
@@ -40,10 +45,14 @@ class Run:
         self.forked = False  # by the preload zygote: not our child, its exit comes by message
         self.stop_requested = False
         self.oom_before = oom_kill_count()
+        self.started_us = monotonic_us()  # on the kernel log's clock: its lines since then
         self.notes: list[str] = []  # what trainguard knows of its end, added to its log tail
         self.eof = asyncio.Event()
         self.exited = asyncio.Event()
         self.done = asyncio.Event()
+
+    def printed_traceback(self) -> bool:
+        return any(line.startswith(_TRACEBACK) for line in self.output.tail.lines())
 
     def oom_kills(self) -> int:
         """New OOM kills while it ran: in our cgroup, or counted by its own alone."""
@@ -98,3 +107,18 @@ class PipeProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_end(self.run)
+
+
+def spawn_failed(launch: Launch, exc: OSError) -> ReplicaExited:
+    """The exit of a replica that could not be started, with why in words."""
+    program = launch.argv[0]
+    if isinstance(exc, FileNotFoundError):
+        why = f"command not found: {program!r}"
+        if not os.path.isdir(launch.cwd):
+            why = f"working directory not found: {launch.cwd!r}"
+    elif isinstance(exc, PermissionError):
+        why = f"permission denied: {program!r} is not executable"
+    else:
+        why = f"cannot start {program!r}: {exc.strerror or exc}"
+    ev = ExitEvidence(launch.replica, None, spawn_error=why, spawn_errno=exc.errno)
+    return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())

@@ -8,6 +8,9 @@ the tree that way is known by the guardian's token in its environment (`TOKEN_EN
 `sweep` ends the orphans that carry it once no run of the job is left, and the guardian
 looks for the token when the master dies. A tree is the weaker fence: a process that
 clears its environment and orphans itself is found by neither (say so: `note`).
+
+A run whose pool sets `resources.memory` is held to it where a memory controller lets us
+(`memory_limit`); where none does, the job says so once and runs unlimited.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainguard.backends.local.cgroups import JobCgroups, outside_group, signal_all
+from trainguard.backends.local.memory_limit import MemoryCgroups
 
 _PR_SET_CHILD_SUBREAPER = 36
 _REAP_WAIT_S = 5.0
@@ -33,10 +37,18 @@ class RunProcesses(Protocol):
 
     @property
     def procs_file(self) -> str | None:
-        """Where a forked child writes its own pid to join before it runs anything."""
+        """Where a forked child writes its own pid to join its run's own cgroup."""
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """Every file a forked child writes its pid to, to join before it runs anything
+        (the run's own cgroup, then its memory cgroup where that is apart)."""
 
     def add(self, pid: int) -> bool:
         """The run's first process (its descendants follow it)."""
+
+    def hold(self) -> str | None:
+        """Write the run's memory limit, if it has one (once): why not, if it failed."""
 
     def host_spawn(self) -> Callable[[], None]:
         """Make the next child of this process start inside the run; returns the call
@@ -67,6 +79,24 @@ def _ppids() -> dict[int, int]:
     return out
 
 
+def already_exited(pid: int) -> bool:
+    """True if the child has exited but is not yet reaped (peek without reaping)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie), whoever's child it is."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def descendants(root: int, ppids: dict[int, int] | None = None) -> list[int]:
     """`root` and every process below it, parents first."""
     ppids = _ppids() if ppids is None else ppids
@@ -86,6 +116,7 @@ class _Tree:
     """A run tracked as its process tree (the subreaper fallback)."""
 
     procs_file = None
+    procs_files = ()
 
     def __init__(self) -> None:
         self.root = 0
@@ -93,6 +124,9 @@ class _Tree:
     def add(self, pid: int) -> bool:
         self.root = pid
         return True
+
+    def hold(self) -> str | None:
+        return None
 
     def host_spawn(self) -> Callable[[], None]:
         return lambda: None  # a child is in its parent's tree from its birth
@@ -145,8 +179,19 @@ def become_subreaper() -> bool:
 class Tracking:
     """How this backend knows a run's processes: cgroups, else its process tree."""
 
-    def __init__(self, token: str, token_env: str) -> None:
+    def __init__(
+        self,
+        token: str,
+        token_env: str,
+        say: Callable[[str], None] = lambda _note: None,
+        watch: Callable[[str], None] = lambda _folder: None,
+    ) -> None:
+        """`say`: a note for the job's record (once each); `watch`: a folder of cgroups
+        made beside the run cgroups (memory), to sweep if this process dies."""
         self._needle = b"\0" + f"{token_env}={token}".encode() + b"\0"
+        self._token, self._say, self._watch = token, say, watch
+        self._memory: MemoryCgroups | str | None = None  # made at the first limit
+        self._said: set[str] = set()
         made = JobCgroups.create(token)
         self.cgroups = made if isinstance(made, JobCgroups) else None
         if self.cgroups is not None:
@@ -162,13 +207,34 @@ class Tracking:
     def by_cgroup(self) -> bool:
         return self.cgroups is not None
 
-    def new_run(self) -> RunProcesses:
+    def new_run(self, memory_bytes: int | None = None) -> RunProcesses:
+        """A run's tracking; held to `memory_bytes` where a memory controller lets us
+        (`RunProcesses.hold` writes it), else said once and run unlimited."""
+        memory = self._memory_cgroups() if memory_bytes else None
         if self.cgroups is not None:
             try:
-                return self.cgroups.new_run()
-            except OSError:
-                pass
+                run = self.cgroups.new_run()
+                if isinstance(memory, MemoryCgroups) and memory_bytes:
+                    memory.attach(run, memory_bytes)
+                return run
+            except OSError as exc:
+                self.say_once(f"a replica's resources.memory is not enforced: {exc}")
         return _Tree()
+
+    def _memory_cgroups(self) -> MemoryCgroups | str:
+        if self._memory is None:
+            self._memory = MemoryCgroups.create(self.cgroups, self._token)
+            if isinstance(self._memory, str):
+                self.say_once(self._memory)
+            elif self._memory.folder is not None:
+                self._watch(str(self._memory.folder))
+        return self._memory
+
+    def say_once(self, note: str) -> None:
+        """Say `note` unless said already (one per job, not one per run)."""
+        if note not in self._said:
+            self._said.add(note)
+            self._say(note)
 
     async def sweep(self, keep: Collection[int] = ()) -> None:
         """End the orphans of this job's runs re-parented to us but `keep`, once no run is
@@ -193,3 +259,5 @@ class Tracking:
         await self.sweep()
         if self.cgroups is not None:
             await self.cgroups.close()
+        if isinstance(self._memory, MemoryCgroups):
+            await self._memory.close()

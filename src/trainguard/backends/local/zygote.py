@@ -283,11 +283,12 @@ class Zygote:
         env: dict[str, str],
         cwd: str,
         out_fd: int,
-        cgroup: str | None = None,
+        cgroup: str | Sequence[str] | None = None,
     ) -> int:
-        """Fork a replica writing to `out_fd` (first joining the cgroup whose `cgroup.procs`
-        is `cgroup`, if given); returns its pid."""
-        req = {"argv": list(argv), "env": env, "cwd": cwd, "cgroup": cgroup}
+        """Fork a replica writing to `out_fd` (first joining the cgroups whose `cgroup.procs`
+        are `cgroup`, if given); returns its pid."""
+        joins = [cgroup] if isinstance(cgroup, str) else list(cgroup or ())
+        req = {"argv": list(argv), "env": env, "cwd": cwd, "cgroup": joins}
         return await self._fork(req, out_fd)
 
     async def keeper(self) -> StoreKeeper:

@@ -318,7 +318,7 @@
       }
     }
     lastOk = null;
-    view = id ? jobView(id) : jobsView();
+    view = id ? jobView(id) : path.startsWith("/nodes") ? nodesView() : jobsView();
     kick();
   }
 
@@ -421,6 +421,62 @@
     );
     return `<table class="tbl"><thead><tr><th class="num">#</th><th>Job</th><th class="num">Priority</th>
       <th>Waiting</th><th>Reason</th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
+  }
+
+  // ================================================================== the node ledger
+
+  function nodesView() {
+    document.title = "nodes — trainguard";
+    const root = $("#view");
+    root.innerHTML = `
+      <section class="card">
+        <div class="card-head"><h1>Nodes</h1>
+          <span class="muted small">machine-blamed failures across jobs; a node on probation is avoided until a node check passes or it is released</span></div>
+        <div id="nodes-body" data-testid="nodes"><p class="muted">loading…</p></div>
+      </section>`;
+    root.classList.remove("stale");
+    $("#nodes-body").addEventListener("click", async (ev) => {
+      const button = ev.target.closest("[data-release]");
+      if (!button) return;
+      button.disabled = true;
+      const node = button.dataset.release;
+      try {
+        await api(`api/nodes/${encodeURIComponent(node)}/release`, { method: "POST", body: {} });
+        showNotice(`node ${node} released`);
+      } catch (e) {
+        showNotice(`release failed: ${e.message}${e.status > 0 ? ` (HTTP ${e.status})` : ""}`, "error");
+      }
+      kick();
+    });
+    return {
+      what: "nodes",
+      async refresh(g) {
+        const nodes = await api("api/nodes");
+        if (g !== gen) return null;
+        setHTML($("#nodes-body"), renderNodes(nodes));
+        return IDLE_LIST_MS;
+      },
+    };
+  }
+
+  function renderNodes(nodes) {
+    if (!nodes.length) return `<p class="empty" data-testid="no-nodes">No node has a machine-blamed failure yet.</p>`;
+    const rows = nodes.map((n) => {
+      const probation = n.state === "probation";
+      const history = n.history.map((h) => `<li data-testid="node-event">${fmtClock(h.at_s)} <b>${esc(h.kind)}</b>
+        ${h.job_id ? `<a href="#/jobs/${encodeURIComponent(h.job_id)}" class="mono">${esc(h.job_id)}</a> attempt ${esc(h.attempt)} ${esc(h.replica)}:` : ""}
+        ${esc(h.reason || "")}${h.matched_line ? ` <code>${esc(h.matched_line)}</code>` : ""}</li>`);
+      return `<tr data-testid="node-row" data-node="${esc(n.node)}">
+        <td class="mono">${esc(n.node)}</td>
+        <td data-testid="node-state">${badge(probation ? "probation" : "ok")}${probation ? ' <span class="small muted">needs check</span>' : ""}</td>
+        <td class="num">${esc(n.faults)}</td><td class="num">${esc(n.jobs)}</td>
+        <td class="note">${esc((probation ? n.reason : n.last_fault) || "")}${n.note ? ` <span class="muted">(${esc(n.note)})</span>` : ""}
+          <details data-key="node-${esc(n.node)}"><summary>history (${n.history_rows})</summary><ul>${history.join("")}</ul></details></td>
+        <td>${probation ? `<button type="button" data-release="${esc(n.node)}" data-testid="node-release">Release</button>` : ""}</td>
+      </tr>`;
+    });
+    return `<table class="tbl nodes-table"><thead><tr><th>Node</th><th>State</th><th class="num">Faults</th>
+      <th class="num">Jobs</th><th>Why</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
   }
 
   // ================================================================== one job
