@@ -142,8 +142,7 @@ def _oom(
         retryable=False,
         rule="host-oom-kernel",
         reason="OOMKilled",
-        message=_exit_message(ev.replica, code, FailureClass.HOST_OOM, "OOMKilled")
-        + _held_to(rs),
+        message=_exit_message(ev.replica, code, FailureClass.HOST_OOM, "OOMKilled") + _held_to(rs),
         matched_line=kill.value,
         fingerprint=fingerprint("host_oom:OOMKilled"),
         confidence=0.99,
@@ -156,7 +155,7 @@ _LIMIT = re.compile(r"held to its resources\.memory of ([^()]+?)(?: \(|$)")
 
 
 def _held_to(rs: Sequence[MachineReading]) -> str:
-    """" It was held to its resources.memory of 64 MiB." where a reading says so."""
+    """ " It was held to its resources.memory of 64 MiB." where a reading says so."""
     for r in rs:
         m = _LIMIT.search(r.reading)
         if m:

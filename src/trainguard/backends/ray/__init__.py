@@ -1,4 +1,13 @@
 """The Ray backend: replicas in actors placed on a Ray cluster, one host actor per replica
 and one zygote actor per node (the warm start)."""
 
-__all__ = ["backend", "calls", "host", "node_zygote", "placement", "warm"]
+__all__ = [
+    "backend",
+    "calls",
+    "exit_probe",
+    "host",
+    "node_check",
+    "node_zygote",
+    "placement",
+    "warm",
+]

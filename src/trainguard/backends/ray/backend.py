@@ -23,16 +23,20 @@ from typing import Any, TextIO
 from trainguard.backends.api import (
     BackendEvent,
     Launch,
+    NodeCheckOutcome,
     ReplicaExited,
     ReplicaStarted,
     output_events,
 )
+from trainguard.backends.local.oom import launch_paths
 from trainguard.backends.output import RunOutput
-from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
+from trainguard.backends.ray.calls import CALL_S, bounded, label, node_readings, one_line
 from trainguard.backends.ray.placement import Placement
 from trainguard.backends.ray.warm import NodeZygotes
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
+from trainguard.policy.machine_parse import tail_storage_readings
+from trainguard.policy.readings import MachineReading
 from trainguard.spec.engines import RayOptions
 from trainguard.spec.models import Resources
 
@@ -121,7 +125,10 @@ class RayBackend:
         zygote = self._warm.ready_on(node["node_id"])
         try:
             info = await bounded(
-                actor.start.remote(list(launch.argv), launch.env, launch.cwd, zygote), CALL_S
+                actor.start.remote(
+                    list(launch.argv), launch.env, launch.cwd, zygote, launch_paths(launch)
+                ),
+                CALL_S,
             )
         except Exception as exc:
             info = {"lost": one_line(exc)}
@@ -175,9 +182,18 @@ class RayBackend:
             run.output.feed(data)
             if code is not None:
                 break
-        self._finish(run, code, lost)
+        machine: tuple[MachineReading, ...] = ()
+        if code and not run.stop_requested:  # a failure: what its node's machine said
+            machine = await node_readings(run.actor, label(run.node))
+        self._finish(run, code, lost, machine)
 
-    def _finish(self, run: _Run, code: int | None, lost: str | None) -> None:
+    def _finish(
+        self,
+        run: _Run,
+        code: int | None,
+        lost: str | None,
+        machine: tuple[MachineReading, ...] = (),
+    ) -> None:
         """Report the run's end, once (the pump, or a stop that gave up on its node)."""
         if run.done.is_set():
             return
@@ -188,6 +204,9 @@ class RayBackend:
             del self._runs[la.replica]
         run.done.set()
         lost_on = None if lost is None else f"{lost} (node {label(run.node)})"
+        tail = run.output.tail.lines()
+        if machine:  # storage errors in its last lines, as locally (`probe_exit`'s tail)
+            machine = (*machine, *tail_storage_readings(tail))
         if lost is not None:
             self._place.mark_lost()
         self._emit(
@@ -197,8 +216,9 @@ class RayBackend:
                 seen,
                 code,
                 stop_requested=run.stop_requested,
-                log_tail=run.output.tail.lines(),
+                log_tail=tail,
                 node_lost=lost_on,
+                machine=machine,
             )
         )
 
@@ -215,9 +235,9 @@ class RayBackend:
 
     # -------------------------------------------------------------- stop
 
-    async def _signal(self, run: _Run, signum: int) -> None:
+    async def _signal(self, run: _Run, signum: int, stop: bool = False) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(run.actor.signal.remote(int(signum)), CALL_S)
+            await asyncio.wait_for(run.actor.signal.remote(int(signum), stop), CALL_S)
 
     async def signal(self, replica: str, signum: int) -> bool:
         run = self._runs.get(replica)
@@ -232,13 +252,13 @@ class RayBackend:
             return
         for run in runs:
             run.stop_requested = True
-        await asyncio.gather(*(self._signal(r, signal.SIGTERM) for r in runs))
-        await asyncio.gather(*(self._signal(r, signal.SIGCONT) for r in runs))
+        await asyncio.gather(*(self._signal(r, signal.SIGTERM, True) for r in runs))
+        await asyncio.gather(*(self._signal(r, signal.SIGCONT, True) for r in runs))
         waits = [asyncio.ensure_future(r.done.wait()) for r in runs]
         _, pending = await asyncio.wait(waits, timeout=grace_s)
         if pending:
             late = [r for r in runs if not r.done.is_set()]
-            await asyncio.gather(*(self._signal(r, signal.SIGKILL) for r in late))
+            await asyncio.gather(*(self._signal(r, signal.SIGKILL, True) for r in late))
             _, pending = await asyncio.wait(pending, timeout=CALL_S)
             for run in runs:  # no answer even to SIGKILL: its node is as good as gone
                 self._finish(run, None, "its node did not answer a stop")
@@ -256,6 +276,9 @@ class RayBackend:
             return None
         why = self._place.exclude_node_of(replica)
         return None if why is None else f"{why}: excluded from later attempts"
+
+    async def check_nodes(self, reason: str) -> NodeCheckOutcome:
+        return await self._place.check_nodes(reason)
 
     async def snapshot(
         self,

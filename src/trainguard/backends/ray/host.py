@@ -33,6 +33,7 @@ from typing import Any
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.tracking import RunProcesses, Tracking
 from trainguard.backends.net import free_port
+from trainguard.backends.ray.exit_probe import ExitProbe, seen_here
 from trainguard.backends.ray.node_guardian import NodeGuardian
 from trainguard.backends.storage_check import storage_problem
 
@@ -95,6 +96,8 @@ class ReplicaHost:
         self._tracking: Tracking | None = None  # every process of each run (cgroup)
         self._run: RunProcesses | None = None  # those of the current run
         self._code: int | None = None  # its exit status, once known
+        self._probe = ExitProbe()  # the machine's readings at a failed exit
+        self._stopping = False  # the master asked it to stop: its exit is no failure
 
     def where(self) -> dict[str, str]:
         """This node: its Ray id, IP address and host name, and the GPU ids Ray gave this
@@ -112,11 +115,16 @@ class ReplicaHost:
         return free_port("")
 
     def start(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, zygote: Any = None
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        zygote: Any = None,
+        paths: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Start the replica in its own process group, forked from the node's `zygote`
         (a `NodeZygote` actor) where it may be; {"pid": N, "cold": why-not-forked},
-        or {"error": why}.
+        or {"error": why}. `paths`: the job's (log, checkpoint folders), read at a failure.
 
         Refused when this node does not see the job's checkpoint storage (the master's
         marker): a replica there would find no checkpoint and start again from step 0."""
@@ -135,6 +143,8 @@ class ReplicaHost:
             self._buf.clear()
             self._eof = False
         self._code = None
+        self._stopping = False
+        self._probe = ExitProbe(seen_here(paths, self._stacks and os.path.dirname(self._stacks)))
         self._end_run()  # a run still here (a restart before its exit was read) ends now
         self._pid = None
         guardian, tracking = self._fence()
@@ -279,6 +289,8 @@ class ReplicaHost:
             if code is None:
                 return b"", None  # it still runs
             self._code = code
+            if code and not self._stopping:  # before its cgroup goes; the rest in a thread
+                self._probe.begin(pid, self._run)
             self.signal(signal.SIGKILL)  # whatever it left behind in its group goes with it
             self._end_run()  # and what left the group (a new session, a daemon)
             if self._guardian is not None:
@@ -304,9 +316,16 @@ class ReplicaHost:
             self._guardian.close()
             self._guardian = None
 
-    def signal(self, signum: int) -> bool:
+    def machine(self, timeout_s: float) -> str | None:
+        """What this node's machine said at the replica's failed exit, as JSON (waiting up
+        to `timeout_s` for the probes); None where it exited well or was stopped."""
+        return self._probe.result(timeout_s)
+
+    def signal(self, signum: int, stop: bool = False) -> bool:
         """Send `signum` to the replica's group and to every process of its run outside
-        it (a stop's TERM, CONT and KILL reach what left the group too)."""
+        it (a stop's TERM, CONT and KILL reach what left the group too). `stop`: the
+        master stops it (its exit is not read as a failure)."""
+        self._stopping = self._stopping or stop
         pid = self._pid
         if pid is None:
             return False

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from trainguard.backends.api import Launch, NoCapacity
+from trainguard.backends.api import Launch, NoCapacity, NodeCheckOutcome
 from trainguard.backends.ray.calls import CALL_S, bounded, label
 from trainguard.backends.ray.host import NODE_DEVICES_ENV, ReplicaHost
+from trainguard.backends.ray.node_check import alive_nodes, check_cluster
 from trainguard.backends.ray.warm import NodeZygotes
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES, placed_envs
 from trainguard.spec.engines import RayOptions
@@ -190,6 +191,22 @@ class Placement:
         self._excluded[node["node_id"]] = why
         self._stale = True
         return why
+
+    async def check_nodes(self, reason: str) -> NodeCheckOutcome:
+        """The node check on every alive node not yet kept out (`ray.node_check`); a bad
+        node is kept out of the next placement while as many nodes as the last one used
+        are left."""
+        try:
+            ray = await asyncio.to_thread(self.connect)
+            alive = await bounded(asyncio.to_thread(alive_nodes, ray), CALL_S)
+            nodes = {i: a for i, a in alive.items() if i not in self._excluded}
+            need = len({n["node_id"] for n in self.nodes.values()}) or 1
+            found, out = await check_cluster(ray, nodes, need, reason)
+        except Exception as exc:  # no cluster, a call that failed: the retry goes on
+            return NodeCheckOutcome(f"node check after {reason} could not run: {exc}", ran=False)
+        self._excluded.update(out)
+        self._stale = self._stale or bool(out)
+        return found
 
     def mark_lost(self) -> None:
         """A replica's node stopped answering: the next attempt is placed anew, not on
