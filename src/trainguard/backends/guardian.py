@@ -163,17 +163,34 @@ if unanswered > 0 or by_token:  # a replica, or what it orphaned, known by its t
 """
 
 
+# argv[1:] is the guardian's own command line: fork it, and let this parent exit at once.
+_DETACH = (
+    "import os, sys\n"
+    "if os.fork() == 0:\n"
+    "    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+
+
 class Guardian:
-    def __init__(self) -> None:
+    def __init__(self, detach: bool = False) -> None:
+        """`detach`: no child of this process, yet holding its pipe. Ray SIGKILLs an
+        exiting actor's children (`kill_child_processes_on_worker_exit`, on by default),
+        which would take the replica host's guardian with it before its stdin's end of
+        file told it to end what the runs left; a short-lived parent forks it and exits,
+        and the actor's death, however it comes, is still its end of file."""
         self.token = secrets.token_hex(16)
+        own = ["-I", "-S", "-c", _SCRIPT, TOKEN_ENV, self.token, str(_STRAY_WAIT_S)]
+        argv = ["-I", "-S", "-c", _DETACH, *own] if detach else own
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, TOKEN_ENV, self.token, str(_STRAY_WAIT_S)],
+            [sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl+C in the terminal must not reach it
             text=True,
         )
+        if detach:
+            self._proc.wait()  # the parent: gone once the guardian is forked
 
     @property
     def pid(self) -> int:

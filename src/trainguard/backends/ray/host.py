@@ -34,7 +34,6 @@ from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.tracking import RunProcesses, Tracking
 from trainguard.backends.net import free_port
 from trainguard.backends.ray.exit_probe import ExitProbe, seen_here
-from trainguard.backends.ray.node_guardian import NodeGuardian
 from trainguard.backends.storage_check import storage_problem
 
 ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
@@ -165,7 +164,7 @@ class ReplicaHost:
     def _fence(self) -> tuple[Guardian, Tracking]:
         """The guardian and the run tracking, made at the first start."""
         if self._guardian is None:
-            self._guardian = NodeGuardian()  # Ray kills an exiting actor's children
+            self._guardian = Guardian(detach=True)  # Ray kills an exiting actor's children
         if self._tracking is None:
             self._tracking = Tracking(self._guardian.token, TOKEN_ENV)
             if self._tracking.cgroups is not None:
