@@ -11,7 +11,7 @@ from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.classes import ExitEvidence, ExitKind, FailureClass
 from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_failure, error_code
-from trainguard.policy.own_errors import zygote_death, zygote_death_note
+from trainguard.policy.own_errors import zygote_death_note
 from trainguard.spec.models import FaultTolerance
 from trainguard.states import ErrorCode
 
@@ -20,9 +20,12 @@ TAIL = ("step 3 loss 0.5", "step 4 loss 0.4", NOTE)
 
 
 def _ev(
-    tail: tuple[str, ...] = TAIL, oom_kills: int = 0, code: int = -signal.SIGKILL
+    tail: tuple[str, ...] = TAIL,
+    oom_kills: int = 0,
+    code: int = -signal.SIGKILL,
+    how: str | None = "killed by SIGKILL",
 ) -> ExitEvidence:
-    return ExitEvidence("worker-0", code, log_tail=tail, oom_kills=oom_kills)
+    return ExitEvidence("worker-0", code, log_tail=tail, oom_kills=oom_kills, zygote_died=how)
 
 
 def test_the_note_is_the_one_the_backend_wrote() -> None:
@@ -30,9 +33,6 @@ def test_the_note_is_the_one_the_backend_wrote() -> None:
         "trainguard: the preload process (the zygote that forked this replica) was "
         "killed by SIGKILL; the replica died with it"
     )
-    assert zygote_death(TAIL) == "killed by SIGKILL"
-    assert zygote_death((NOTE, "a line the replica printed after it")) is None
-    assert zygote_death(()) is None
 
 
 def test_a_zygote_killed_by_sigkill_is_an_internal_error_naming_it() -> None:
@@ -56,12 +56,14 @@ def test_a_zygote_the_oom_killer_chose_is_a_host_oom_naming_it() -> None:
     assert c.exit_code == 137
 
 
-def test_the_note_without_a_sigkill_or_not_last_is_no_zygote_death() -> None:
+def test_no_sigkill_or_only_the_words_are_no_zygote_death() -> None:
+    """The backend says it (`ExitEvidence.zygote_died`); a replica that prints the note
+    itself and is killed is no zygote death."""
     assert classify_exit(_ev(code=1)).rule != "zygote-died"
-    moved = classify_exit(_ev(tail=(NOTE, "Killed")))
-    assert moved.rule != "zygote-died"
+    assert classify_exit(_ev(how=None)).rule != "zygote-died"
+    assert classify_exit(_ev(tail=(NOTE, "Killed"))).rule == "zygote-died"
 
 
 def test_a_plain_external_sigkill_is_still_a_preemption() -> None:
-    c = classify_exit(_ev(tail=("step 3 loss 0.5",)))
+    c = classify_exit(_ev(tail=("step 3 loss 0.5",), how=None))
     assert (c.failure_class, c.rule) == (FailureClass.PREEMPTION, "external-SIGKILL")

@@ -90,6 +90,7 @@ class ReplicaExited:
         oom_kills: int = 0,
         node_lost: str | None = None,
         machine: tuple[MachineReading, ...] = (),
+        zygote_died: str | None = None,
     ) -> ReplicaExited:
         """The exit of `launch`'s replica as every backend reports it."""
         ev = ExitEvidence(
@@ -100,6 +101,7 @@ class ReplicaExited:
             oom_kills=oom_kills,
             node_lost=node_lost,
             machine=machine,
+            zygote_died=zygote_died,
         )
         return cls(launch.attempt, launch.replica, launch.restart, pid, ev, time_s)
 

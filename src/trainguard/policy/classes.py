@@ -62,6 +62,9 @@ class ExitEvidence:
     progressed: bool | None = None  # it showed training progress (None: the log must tell)
     peers_finished: bool = False  # every other replica of its attempt had exited 0 before it
     own_ports: tuple[int, ...] = ()  # the ports trainguard chose for its attempt (rendezvous)
+    # how the warm-start process that forked it died ("killed by SIGKILL"), which took the
+    # replica along: the backend knows it; no line the replica prints can say it
+    zygote_died: str | None = None
     # What the machine said at the failure (policy.readings), absent sources included;
     # empty where nothing was gathered (a pasted log, the corpus): then only the log counts.
     machine: tuple[MachineReading, ...] = ()

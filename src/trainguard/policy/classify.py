@@ -44,7 +44,7 @@ from trainguard.policy.learned import reconsider
 from trainguard.policy.logcontext import phase_of
 from trainguard.policy.logtail import exception_block
 from trainguard.policy.machine import weigh_machine
-from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text, zygote_death
+from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.signals import decode_returncode, signal_name
 
 
@@ -94,7 +94,7 @@ def classify_by_rules(ev: ExitEvidence, rules: Rules | None = None) -> Classific
         return Classification(
             ExitKind.STOP_REQUESTED, None, False, "stop-requested", code, sig_name, "stopped", ""
         )
-    how = zygote_death(ev.log_tail) if sig == signal.SIGKILL else None
+    how = ev.zygote_died if sig == signal.SIGKILL else None
     if how is not None:
         return zygote_failure(ev, code, how)
 

@@ -38,20 +38,11 @@ def own_resource_text(code: int) -> str:
 
 ZYGOTE_DIED = "trainguard: the preload process (the zygote that forked this replica) was "
 """How the local backend's note on a forked replica's end begins when its warm-start
-process died (the replica dies with it: PR_SET_PDEATHSIG). One text, written by the
-backend (`zygote_death_note`) and read by the classifier (`zygote_death`)."""
-_ZYGOTE_DIED_TAIL = "; the replica died with it"
+process died (the replica dies with it: PR_SET_PDEATHSIG): a line for the person reading
+the log tail; the classifier reads `ExitEvidence.zygote_died`, which no replica can
+print."""
 
 
 def zygote_death_note(how: str) -> str:
     """The note for a replica whose zygote died `how` ("killed by SIGKILL", "exited with 1")."""
-    return f"{ZYGOTE_DIED}{how}{_ZYGOTE_DIED_TAIL}"
-
-
-def zygote_death(lines: tuple[str, ...]) -> str | None:
-    """How the zygote died, where the tail ends in the backend's note (it is appended after
-    the replica's own output, so only the last line counts), else None."""
-    last = lines[-1] if lines else ""
-    if last.startswith(ZYGOTE_DIED) and last.endswith(_ZYGOTE_DIED_TAIL):
-        return last[len(ZYGOTE_DIED) : -len(_ZYGOTE_DIED_TAIL)] or None
-    return None
+    return f"{ZYGOTE_DIED}{how}; the replica died with it"

@@ -167,8 +167,9 @@ class LocalBackend:
         """The zygote is gone, and with it every replica it forked (PR_SET_PDEATHSIG):
         each is reported exited now, with what is known (no exit of theirs will come)."""
         how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with {code}"
-        note = zygote_death_note(how)  # the classifier reads it (policy.own_errors)
+        note = zygote_death_note(how)  # for the log tail; the classifier reads the field
         for run in self._forked.values():
+            run.zygote_died = how
             run.exit_with(-signal.SIGKILL, note)  # what PR_SET_PDEATHSIG sends
         self._forked.clear()
 
@@ -291,10 +292,12 @@ class LocalBackend:
         run.transport.close()
         run.output.close()
         launch = run.launch
-        if self._runs.get(launch.replica) is run:
-            del self._runs[launch.replica]
         tail = (*run.output.tail.lines(), *run.notes)
         machine = () if memory is None else await exit_readings(run, memory, tail)  # bounded
+        # Live until its exit is told: a stop meanwhile waits for it (`done`), so the
+        # master records it with its attempt, not as a stray exit of an earlier one.
+        if self._runs.get(launch.replica) is run:
+            del self._runs[launch.replica]
         run.done.set()
         self._emit(
             ReplicaExited.of(
@@ -306,6 +309,7 @@ class LocalBackend:
                 log_tail=tail,
                 oom_kills=oom_kills,
                 machine=machine,
+                zygote_died=run.zygote_died,
             )
         )
 

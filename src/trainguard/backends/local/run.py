@@ -47,6 +47,7 @@ class Run:
         self.oom_before = oom_kill_count()
         self.started_us = monotonic_us()  # on the kernel log's clock: its lines since then
         self.notes: list[str] = []  # what trainguard knows of its end, added to its log tail
+        self.zygote_died: str | None = None  # how the zygote that forked it died
         self.eof = asyncio.Event()
         self.exited = asyncio.Event()
         self.done = asyncio.Event()
