@@ -51,3 +51,18 @@ async def connect_error(
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return None
+
+
+def address_towards(addr: str) -> str:
+    """The address of this host on the route to `addr` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return str(s.getsockname()[0])
+
+
+def port_at(addr: str) -> int:
+    """A free port where `addr` is this host's; on another node, one drawn from the same
+    range (nothing here can test it there)."""
+    with contextlib.suppress(OSError):
+        return free_port(addr)
+    return random.randint(*QUIET_PORTS)

@@ -13,16 +13,19 @@ is reported lost (`node_lost`) before the failure that its death caused on the h
 nodes, and its node is kept out of later attempts (and drained, if the spec allows).
 A probe this machine cannot make (out of descriptors) loses no node, and a replica this
 machine could not start (EMFILE, EAGAIN) is no node's fault: it is not probed for.
+Before a retry after a failure that may be a machine's, `check_nodes` runs the node check
+on every usable node (`slurm.node_check`) and excludes the bad ones while a spare is left.
+Each task runs under `slurm.node_probe`, which reads its node when the program fails; its
+readings come back as marker lines in the log tail, taken out here into the exit's
+evidence (`machine`), with the storage errors of the tail (TRAINGUARD_SLURM_NODE_PROBE=0
+in the master's environment runs the program bare, as before).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import random
-import re
-import socket
+import os
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -34,14 +37,17 @@ from trainguard.backends.api import (
     BackendEvent,
     Launch,
     NoCapacity,
+    NodeCheckOutcome,
     ReplicaExited,
     ReplicaStarted,
 )
 from trainguard.backends.local.backend import LocalBackend
-from trainguard.backends.net import QUIET_PORTS, free_port
-from trainguard.backends.slurm import cluster
+from trainguard.backends.net import address_towards, port_at
+from trainguard.backends.slurm import cluster, steps
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
-from trainguard.backends.slurm.placement import layout_env, place, srun_argv
+from trainguard.backends.slurm.node_check import check_allocation
+from trainguard.backends.slurm.node_probe import with_readings
+from trainguard.backends.slurm.placement import layout_env, node_failure, place, srun_argv
 from trainguard.hangs.stack_model import ReplicaSnapshot
 from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
 from trainguard.policy.own_errors import is_own_resource_errno
@@ -70,6 +76,7 @@ class SlurmBackend:
         self._nodes: dict[str, Node] = {}
         self._usable: list[str] = []
         self._excluded: dict[str, str] = {}  # node -> why it is kept out
+        self._avoid: dict[str, str] = {}  # node -> why: on probation, used only with no spare
         self._where: dict[str, str] = {}  # replica -> the node of its current run
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -90,7 +97,7 @@ class SlurmBackend:
         """This host's address as the allocation's nodes reach it."""
         await self._refresh()
         first = self._nodes[self._alloc_nodes()[0]]
-        return _address_towards(first.addr)
+        return address_towards(first.addr)
 
     async def rendezvous(self) -> tuple[str, int]:
         """The first usable node (rank 0's), and a fresh port there."""
@@ -101,13 +108,13 @@ class SlurmBackend:
                 f"and the allocation has {len(self._usable)} usable{self._why_excluded()}"
             )
         addr = self._nodes[self._usable[0]].addr
-        return addr, _port_at(addr)
+        return addr, port_at(addr)
 
     async def task_addresses(
         self, replicas: Sequence[str], kept: Mapping[str, str]
     ) -> dict[str, str]:
         host = self._nodes[self._usable[0]].addr if self._usable else "127.0.0.1"
-        return {r: kept.get(r) or f"{host}:{_port_at(host)}" for r in replicas}
+        return {r: kept.get(r) or f"{host}:{port_at(host)}" for r in replicas}
 
     async def start(self, launches: Sequence[Launch]) -> None:
         alloc = self._alloc
@@ -139,7 +146,13 @@ class SlurmBackend:
             node = placed[la.replica]
             env, task_env = layout[la.replica]
             argv = srun_argv(
-                la, node, alloc.job_id, list(self._excluded), self._opts.srun_args, task_env
+                la,
+                node,
+                alloc.job_id,
+                list(self._excluded),
+                self._opts.srun_args,
+                task_env,
+                probe=_PROBE,
             )
             steps.append(replace(la, argv=tuple(argv), env={**la.env, **env}))
         await self._inner.start(steps)
@@ -225,6 +238,28 @@ class SlurmBackend:
             self._keep(task)
         return f"{why}: excluded from later attempts (srun --exclude={node})"
 
+    def avoid_nodes(self, avoid: Mapping[str, str], drain: bool) -> None:
+        """Nodes on probation (trainguard.master.node_ledger): left out of placement while
+        the allocation has enough other nodes; drained first when `drain`."""
+        for node, why in avoid.items():
+            if node not in self._avoid and drain:
+                self._keep(asyncio.ensure_future(cluster.drain(node, f"trainguard: {why}")))
+            self._avoid.setdefault(node, why)
+
+    async def check_nodes(self, reason: str) -> NodeCheckOutcome:
+        """The node check on every usable node of the allocation (`slurm.node_check`); a
+        bad node is excluded like a lost one while the job keeps the nodes it needs."""
+        try:
+            await self._refresh()
+            assert self._alloc is not None
+            job, usable = self._alloc.job_id, list(self._usable)
+            found, out = await check_allocation(job, self._nodes, usable, self._need, reason)
+        except SlurmError as exc:
+            return NodeCheckOutcome(f"node check after {reason} could not run: {exc}", ran=False)
+        self._excluded.update(out)
+        self._usable = [n for n in self._usable if n not in out]
+        return found
+
     async def close(self) -> None:
         live = list(self._where)
         await self._inner.close()
@@ -254,6 +289,9 @@ class SlurmBackend:
             node, p = unknown[0]
             raise SlurmError(f"Slurm node {node}: {p.why}")
         self._usable = [n for n in candidates if found[n].answer is Answer.ALIVE]
+        spare = [n for n in self._usable if n not in self._avoid]
+        if len(spare) >= self._need:  # nodes on probation only where no spare is left
+            self._usable = spare
 
     async def _probe(self, nodes: Sequence[Node]) -> dict[str, Probe]:
         timeout = self._opts.probe_timeout_s
@@ -276,6 +314,7 @@ class SlurmBackend:
             return
         if (ev.attempt, ev.replica, ev.restart) in self._lost:
             return  # reported lost already, with its node as the cause
+        ev = with_readings(ev)
         failed = node_failure(ev.evidence.log_tail)
         if failed is not None:  # srun exits 0 when the node under its task dies
             lost = replace(ev.evidence, returncode=None, node_lost=self._lost_text(failed))
@@ -326,50 +365,18 @@ class SlurmBackend:
     # -------------------------------------------------------------- steps
 
     async def _steps(self) -> dict[str, str]:
-        """replica -> step id of its step in the allocation now (by the step's name)."""
-        alloc = self._alloc
-        if alloc is None:
-            return {}
-        try:
-            text = await cluster.run_slurm(
-                ["squeue", "-h", "-s", f"--jobs={alloc.job_id}", "-o", "%i %j"]
-            )
-        except SlurmError:
-            return {}
-        out: dict[str, str] = {}
-        for line in text.splitlines():
-            step, _, name = line.strip().partition(" ")
-            if "." in step and name:
-                out[name.strip()] = step.split(".", 1)[1]
-        return out
+        return await steps.of_job(self._alloc.job_id) if self._alloc is not None else {}
 
     async def _cancel_steps(self, replicas: Sequence[str]) -> None:
-        """A step whose srun is gone may still run on its node: cancel it there."""
-        alloc = self._alloc
-        if alloc is None or not replicas:
-            return
-        steps = await self._steps()
-        ids = [f"{alloc.job_id}.{steps[r]}" for r in replicas if r in steps]
-        if ids:
-            with contextlib.suppress(SlurmError):
-                await cluster.run_slurm(["scancel", "--signal=KILL", *ids])
+        if self._alloc is not None:
+            await steps.cancel(self._alloc.job_id, replicas)
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
 
-_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)")
-
-
-def node_failure(tail: Sequence[str]) -> str | None:
-    """The node srun says failed under its step ("srun: error: Node failure on n2", which
-    srun prints with exit status 0), or None."""
-    for line in reversed(tail[-20:]):
-        m = _NODE_FAILURE.match(line.strip())
-        if m:
-            return m.group(1)
-    return None
+_PROBE = os.environ.get("TRAINGUARD_SLURM_NODE_PROBE", "1") != "0"
 
 
 def _own_fault(ev: ReplicaExited) -> bool:
@@ -380,18 +387,3 @@ def _own_fault(ev: ReplicaExited) -> bool:
 
 def _now() -> float:
     return time.time()
-
-
-def _address_towards(addr: str) -> str:
-    """The address of this host on the route to `addr` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))
-        return str(s.getsockname()[0])
-
-
-def _port_at(addr: str) -> int:
-    """A free port where `addr` is this host's; on another node, one drawn from the same
-    range (nothing here can test it there)."""
-    with contextlib.suppress(OSError):
-        return free_port(addr)
-    return random.randint(*QUIET_PORTS)

@@ -5,9 +5,11 @@ Pure: the nodes, their health and the launches are arguments.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from trainguard.backends.api import Launch
+from trainguard.backends.slurm.node_probe import wrapped_argv
 from trainguard.frameworks.node_env import placed_envs, slots, slurm_env
 
 
@@ -71,10 +73,12 @@ def srun_argv(
     excluded: Sequence[str] = (),
     extra: Sequence[str] = (),
     task_env: Mapping[str, str] | None = None,
+    probe: bool = False,
 ) -> list[str]:
     """One job step of one task on `node`, with the replica's environment and working
     folder, its output unbuffered, named after the replica (so `squeue -s` finds it);
-    `task_env` is set by `env` in the task, over what Slurm sets there."""
+    `task_env` is set by `env` in the task, over what Slurm sets there; `probe`: the
+    program runs under `node_probe`, which reads the node when it fails."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -91,4 +95,18 @@ def srun_argv(
     if excluded:
         argv.append(f"--exclude={','.join(sorted(excluded))}")
     prefix = ["env", "--", *(f"{k}={v}" for k, v in sorted(task_env.items()))] if task_env else []
-    return [*argv, *extra, *prefix, *launch.argv]
+    program = wrapped_argv(launch.argv, [launch.cwd]) if probe else list(launch.argv)
+    return [*argv, *extra, *prefix, *program]
+
+
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)")
+
+
+def node_failure(tail: Sequence[str]) -> str | None:
+    """The node srun says failed under its step ("srun: error: Node failure on n2", which
+    srun prints with exit status 0), or None."""
+    for line in reversed(tail[-20:]):
+        m = _NODE_FAILURE.match(line.strip())
+        if m:
+            return m.group(1)
+    return None

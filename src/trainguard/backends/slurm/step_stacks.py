@@ -5,7 +5,7 @@ SLURM_JOB SLURM_STEP`).
 The replica's process is the one on this node whose environment names the job and the
 replica, and the Slurm step it runs in (the srun that started it, on the batch host,
 carries the first two as well; its own children, a data loader's workers, carry all:
-the eldest is it).
+the eldest is it), not the `node_probe` wrapper it runs under.
 Prints one JSON object, the snapshot as `ReplicaSnapshot.to_dict` gives it.
 """
 
@@ -19,6 +19,8 @@ from pathlib import Path
 
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
+
+_WRAPPER = b"/slurm/node_probe.py\0"  # in the command line of the wrapper a task runs in
 
 
 def find_replica(
@@ -36,9 +38,10 @@ def find_replica(
         try:
             env = set((entry / "environ").read_bytes().split(b"\0"))
             stat = (entry / "stat").read_text()
+            wrapper = _WRAPPER in (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if want <= env:
+        if want <= env and not wrapper:
             found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
     tops = [pid for pid, parent in found.items() if parent not in found]
     return min(tops) if tops else None
