@@ -15,6 +15,8 @@ import pytest
 from postgres import postgres_url  # noqa: F401 (a session fixture for every test file)
 from raycluster import ray_cluster  # noqa: F401 (a module fixture: a 3-node Ray cluster)
 
+from trainguard.backends.local.tracking import alive as alive  # tests import it from here
+
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(ROOT / "tests" / "bins" / "child.py")
 
@@ -106,15 +108,6 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "conditio
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    """True if pid is a live (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def read_pid(path: Path) -> int | None:
