@@ -142,8 +142,7 @@ def test_oom_kill_does_not_turn_sigterm_into_oom() -> None:
 
 
 def test_exit_1_with_traceback_is_user_error() -> None:
-    # at start-up (the master saw no step): after training it would be no proof (issue 38)
-    c = _classify(1, log_tail=TRACEBACK_KEYERROR[1:], progressed=False)
+    c = _classify(1, log_tail=TRACEBACK_KEYERROR)
     assert c.kind is ExitKind.NONZERO
     assert c.failure_class is FailureClass.USER_ERROR
     assert c.retryable is False

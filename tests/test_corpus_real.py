@@ -28,7 +28,7 @@ from trainguard.policy.classes import Classification
 
 # Measured (tests/corpus_real_eval.py --test) on 1420 cases, accuracy / wasted / missed,
 # with the thread's `progressed` (issue 38): the rules with the learned model: dev
-# (cross-validated) 78.1% / 19.8% / 25.1%, test 70.5% / 21.2% / 41.2%; the rules alone
+# (cross-validated) 77.5% / 20.3% / 25.8%, test 70.5% / 21.6% / 40.7%; the rules alone
 # (--rules): dev 72.6% / 31.1% / 21.7%, test 65.1% / 33.2% / 37.3%. The floors are those
 # less about 3 points. The issue 13 targets (test accuracy >= 0.90, wasted and missed <=
 # 10%) are not met.
@@ -100,11 +100,11 @@ def test_retry_decisions_on_real_logs(cases: list[Case], part: str) -> None:
 
 
 # The default policy's first decisions as job outcomes (issue 38), measured
-# (tests/corpus_real_eval.py --test): false stops / permanent failures retried, dev 4.3% /
-# 62.5%, test 7.3% / 66.0% (before issue 38: 7.7% / 59.0% and 9.0% / 63.2%). The issue's
+# (tests/corpus_real_eval.py --test): false stops / permanent failures retried, dev 5.6% /
+# 62.0%, test 7.3% / 65.2% (before issue 38: 7.7% / 59.0% and 9.0% / 63.2%). The issue's
 # targets (test: <= 5% / <= 30%) are not met: see the README's judgement section.
 OUTCOME_FLOORS = {
-    "dev": {"false_stops": 0.06, "permanent_retried": 0.66},
+    "dev": {"false_stops": 0.07, "permanent_retried": 0.66},
     "test": {"false_stops": 0.09, "permanent_retried": 0.69},
 }
 

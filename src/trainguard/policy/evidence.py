@@ -138,7 +138,7 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
     if sig is not None and sig in TRANSIENT_SIGNALS:
         cause = crash_cause(lines)
         if cause is not None:
-            crash = Verdict(
+            return Verdict(
                 FailureClass.USER_ERROR,
                 False,
                 f"crash-with-cause-{sig_name}",
@@ -147,7 +147,6 @@ def weigh(ev: ExitEvidence, sig: int | None, rules: Rules, phase: Phase) -> Verd
                 cause,
                 notes=(*notes, f"{sig_name} follows a deterministic cause in the log"),
             )
-            return _doubt(crash, _AFTER_PROGRESS) if phase is Phase.TRAINING else crash
         if ev.peers_finished:
             # pytorch/pytorch#179291: gloo or NCCL threads still running while the
             # interpreter shuts down; the training itself ran to its end on every rank
@@ -239,18 +238,6 @@ def _doubt(v: Verdict, note: str) -> Verdict:
     return replace(v, confidence=min(v.confidence, 0.5), notes=(*v.notes, note))
 
 
-_BUGS_BEFORE_THE_FIRST_STEP = frozenset({"python-bug", "missing-input", "cuda-build-mismatch"})
-"""Errors of the job's code or inputs that a deterministic program meets at its first
-step: after it trained for a while, they are as often what changed around it (a file
-that went away, a malformed answer of a service, a driver under it), so they are not proof
-(on the corpus' development part 7 of 11 such stops after training were retryable)."""
-
-_AFTER_PROGRESS = (
-    "after the job had trained: a deterministic bug would have struck at its first step; "
-    "retried once (the history rule ends it if it recurs at the same step)"
-)
-
-
 def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
     """What the rest of the log changes about a signature's verdict."""
     m = v.matched
@@ -272,8 +259,6 @@ def _in_context(v: Verdict, lines: tuple[str, ...], phase: Phase) -> Verdict:
                 f"the timeout follows work some ranks do alone ({short_line(solo, 80)!r}): "
                 "retried once",
             )
-    if v.rule in _BUGS_BEFORE_THE_FIRST_STEP and phase is Phase.TRAINING:
-        return _doubt(v, _AFTER_PROGRESS)
     if m is not None and m.untrained is not None and phase is not Phase.TRAINING:
         u = m.untrained
         note = f"no training step before it: {u.reason}"
