@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 import yaml
+from corpus_baselines import EXPERT
 from corpus_real_eval import (
-    EXPERT,
     POLICIES,
     PROGRESSED,
     Case,
