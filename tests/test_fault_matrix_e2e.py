@@ -7,10 +7,13 @@ the verdict used, as `trainguard explain` shows it. Other rows live beside their
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +83,28 @@ def node_memory(tmp_path: Path) -> Iterator[Path]:
             memsw.write_text(str(256 << 20))
         yield group
     finally:
-        group.rmdir()  # its processes have ended with the job
+        _empty_then_remove(group)
+
+
+def _empty_then_remove(group: Path) -> None:
+    """Remove `group` once its processes have ended: a killed master's guardian may still be
+    on its way out when the test ends. One that is still there after 30 s outlived its job:
+    it is killed (so the machine stays clean) and the test fails, naming it."""
+
+    def procs() -> list[int]:
+        return [int(x) for x in (group / "cgroup.procs").read_text().split()]
+
+    deadline = time.monotonic() + 30
+    while procs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = procs()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    while procs():
+        time.sleep(0.05)
+    group.rmdir()
+    assert not left, f"processes outlived their job in {group.name}: {left}"
 
 
 def _in_cgroup(tg: TG, group: Path) -> TG:
