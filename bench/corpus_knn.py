@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from corpus_real_eval import Case, by_rules, load
 
-from trainguard.policy.fingerprint import normalise
-from trainguard.policy.logtail import clean
+from trainguard.classify.fingerprint import normalise
+from trainguard.classify.logtail import clean
 
 _WORD = re.compile(r"[A-Za-z_]{3,}")
 

@@ -40,10 +40,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from trainguard.classify.classes import Classification, ExitEvidence
+from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import FailJob, RestartJob, RestartReplica, WaitForCapacity, describe
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_failure
 from trainguard.spec.limits import UNLIMITED
 from trainguard.spec.models import ExecutionMode, FaultTolerance

@@ -11,7 +11,7 @@ from collections import Counter
 import yaml
 from corpus_real_eval import CORPUS, Case, Score, score
 
-from trainguard.policy.classes import Classification, ExitKind
+from trainguard.classify.classes import Classification, ExitKind
 
 
 def answered(retry: bool, by: str) -> Classification:

@@ -20,7 +20,7 @@ retryable failures ended with no retry; permanent failures retried, one attempt 
 Whether the job had trained before it failed (`progressed.yaml`, where the thread tells)
 is given to the classifier as the master would give it.
 
-The classifier is the rules plus a learned model (trainguard.policy.learned) trained on
+The classifier is the rules plus a learned model (trainguard.classify.learned) trained on
 the development part only. Its development number is cross-validated: each case is judged
 by a model trained on the other folds' threads, never on its own. The test part is judged
 by the shipped model. The test part's cases are never printed by this script, and its
@@ -39,16 +39,16 @@ from pathlib import Path
 
 import yaml
 
-from trainguard.policy import learned
-from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.policy.classify import classify_by_rules
+from trainguard.classify import learned
+from trainguard.classify.classes import Classification, ExitEvidence
+from trainguard.classify.exits import classify_by_rules
 from trainguard.policy.outcome import first_decision, retries
 from trainguard.spec.models import FaultTolerance
 
 CORPUS = Path(__file__).parent / "corpus_real"
 TEST_SHARE = 30  # percent of threads in the test part
 FOLDS = 5  # cross-validation of the development part, by thread
-MODEL = Path(__file__).parent.parent / "src/trainguard/policy" / learned.MODEL_FILE
+MODEL = Path(__file__).parent.parent / "src/trainguard/classify" / learned.MODEL_FILE
 CONFIDENT = 0.7  # a decision at this confidence or more is one the classifier is sure of
 FIELDS = frozenset({"id", "url", "exit_code", "category", "retryable", "note", "log"})
 CATEGORIES = frozenset(

@@ -22,9 +22,9 @@ from trainguard.backends.api import (
     ReplicaStarted,
 )
 from trainguard.backends.net import free_port
+from trainguard.classify.classes import ExitEvidence
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.master.loop import Master
-from trainguard.policy.classes import ExitEvidence
 from trainguard.records.recorder import Recorder
 from trainguard.records.rows import JobRow, _Row
 from trainguard.records.store import Store

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import Decision, RestartJob, RestartReplica
 from trainguard.policy.budgets import Charge, Failure
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.spec.models import FaultTolerance
 
 TRACEBACK = (

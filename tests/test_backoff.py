@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from policy_cases import OUTAGE_LINES, TRACEBACK, _failure, _ft, _outage
 
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_by_rules, classify_exit
 from trainguard.errors import SpecError
 from trainguard.policy.actions import (
     Decision,
@@ -25,8 +27,6 @@ from trainguard.policy.actions import (
 )
 from trainguard.policy.backoff import is_sure_outage, ladder, outage_kind
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_by_rules, classify_exit
 from trainguard.policy.decisions import RolePolicy, decide_failure
 from trainguard.spec.models import FaultTolerance, validate_spec
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_by_rules, classify_exit
-from trainguard.policy.learned import SURE
+from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_by_rules, classify_exit
+from trainguard.classify.learned import SURE
 
 REPLICA = "worker-1"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainguard.policy.classes import Classification, ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classify import classify_exit
+from trainguard.classify.classes import Classification, ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.exits import classify_exit
 
 REPLICA = "worker-1"
 

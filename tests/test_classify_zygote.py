@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import signal
 
+from trainguard.classify.classes import ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.own_errors import zygote_death_note
 from trainguard.policy.actions import RestartJob, describe
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_failure, error_code
-from trainguard.policy.own_errors import zygote_death_note
 from trainguard.spec.models import FaultTolerance
 from trainguard.states import ErrorCode
 

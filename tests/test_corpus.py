@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_by_rules
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_by_rules
 
 CORPUS = Path(__file__).parent / "corpus"
 MIN_CLASS_ACCURACY = 0.93  # blind first run: 94.2%

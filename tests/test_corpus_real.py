@@ -24,7 +24,7 @@ from corpus_real_eval import (
     score,
 )
 
-from trainguard.policy.classes import Classification
+from trainguard.classify.classes import Classification
 
 # Measured (tests/corpus_real_eval.py --test) on 1420 cases, accuracy / wasted / missed,
 # with the thread's `progressed` (issue 38): the rules with the learned model: dev

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_by_rules
 from trainguard.policy.actions import FailJob, RestartJob, RestartReplica
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_by_rules
 from trainguard.policy.decisions import STARTUP_WINDOW_S, decide_failure, repeated_at_same_point
 from trainguard.spec.models import FaultTolerance
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from trainguard.classify.logtail import printable
 from trainguard.cli.live import LiveRun
 from trainguard.cli.readers import status_text
 from trainguard.cli.render import jobs_table, live_panel, records_renderable, to_text
 from trainguard.hangs.stack_model import Frame, ReplicaSnapshot, ThreadStack
 from trainguard.hangs.stacks import aggregate, render
-from trainguard.policy.logtail import printable
 from trainguard.records.explain import print_aggregate, print_explain
 
 HOSTILE = "[/] [bold red]x [link=http://x]y[/link] \x1b]0;title\x07 \x1b[2J"

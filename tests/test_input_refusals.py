@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from trainguard.classify.catalogue import Rules, compile_user_pattern
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
 from trainguard.cli.main import main
 from trainguard.errors import SpecError
-from trainguard.policy.catalogue import Rules, compile_user_pattern
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.spec.bounded_read import read_tail
 from trainguard.spec.limits import MAX_PATTERN_CHARS, MAX_PATTERNS
 from trainguard.spec.models import validate_spec

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import FailJob, RestartJob
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_failure
 from trainguard.policy.outcome import first_decision, retries
 from trainguard.spec.models import FaultTolerance

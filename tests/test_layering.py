@@ -16,6 +16,7 @@ LAYERS: tuple[str | tuple[str, ...], ...] = (
     ("errors", "states", "signals"),  # the vocabulary: exceptions, states, signal names
     "storage",  # files every layer writes (private modes), standard library only
     "spec",
+    "classify",  # what a failure is: catalogue, evidence, learned model, log and machine readings
     "policy",
     "frameworks",
     "hangs",
@@ -32,7 +33,7 @@ ENTRY = frozenset({"sdk", "aimaster", "train", "__main__", "__init__"})
 
 
 def _layer(module: str) -> str:
-    """`trainguard.policy.classify` -> `policy`; `trainguard` -> `__init__`."""
+    """`trainguard.classify.exits` -> `classify`; `trainguard` -> `__init__`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

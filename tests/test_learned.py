@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from corpus_real_eval import MODEL, digest, load, train
 
-from trainguard.policy import learned
-from trainguard.policy.classes import ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classify import classify_by_rules, classify_exit
+from trainguard.classify import learned
+from trainguard.classify.classes import ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.exits import classify_by_rules, classify_exit
 from trainguard.policy.outcome import first_decision, retries
 from trainguard.spec.models import FaultTolerance
 

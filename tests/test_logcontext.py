@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_by_rules, failed_before_stop
-from trainguard.policy.logcontext import (
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_by_rules, failed_before_stop
+from trainguard.classify.logcontext import (
     Phase,
     child_signal,
     collective_mismatch,
@@ -22,7 +22,7 @@ from trainguard.policy.logcontext import (
     root_exception_block,
     solo_work_before_timeout,
 )
-from trainguard.policy.logtail import clean
+from trainguard.classify.logtail import clean
 
 
 @pytest.mark.parametrize(

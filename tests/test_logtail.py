@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from trainguard.backends.output import RunOutput
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
-from trainguard.policy.logtail import last_exception
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.logtail import last_exception
 
 CHAINED = (
     "Traceback (most recent call last):",

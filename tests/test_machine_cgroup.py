@@ -15,7 +15,7 @@ import pytest
 
 from trainguard.backends.local import oom
 from trainguard.backends.local.cgroups import JobCgroups, hierarchies
-from trainguard.policy.readings import Finding, Source
+from trainguard.classify.readings import Finding, Source
 
 
 def test_v2_and_v1_counter_files(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from trainguard.backends.machine_probe import (
     monotonic_us,
     probe_exit,
 )
-from trainguard.policy.readings import Finding, Source, from_json
+from trainguard.classify.readings import Finding, Source, from_json
 
 KMSG_READABLE = os.access("/dev/kmsg", os.R_OK)
 

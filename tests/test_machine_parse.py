@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.policy.machine_parse import (
+from trainguard.classify.machine_parse import (
     disk_reading,
     gpu_readings,
     kernel_reading,
@@ -16,7 +16,7 @@ from trainguard.policy.machine_parse import (
     nvidia_smi_failed,
     tail_storage_readings,
 )
-from trainguard.policy.readings import Finding, MachineReading, Source, from_json, to_json
+from trainguard.classify.readings import Finding, MachineReading, Source, from_json, to_json
 
 FIXTURES = Path(__file__).parent / "fixtures" / "machine"
 

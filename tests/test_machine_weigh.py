@@ -1,4 +1,4 @@
-"""The pure weighing of the machine's readings (policy.machine): what each does to the
+"""The pure weighing of the machine's readings (classify.machine): what each does to the
 log's verdict, and how `explain` shows them."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit
-from trainguard.policy.machine_parse import (
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.machine_parse import (
     disk_reading,
     kernel_reading,
     kernel_readings,
     tail_storage_readings,
 )
-from trainguard.policy.readings import Finding, MachineReading, Source, to_json
+from trainguard.classify.readings import Finding, MachineReading, Source, to_json
 from trainguard.records.explain import print_explain
 
 SEGV = (

@@ -11,9 +11,9 @@ import pytest
 from fakes import FakeBackend, make_master
 
 from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE, ExitEvidence
 from trainguard.master.events import CancelRequested
 from trainguard.master.loop import Master
-from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE, ExitEvidence
 from trainguard.records.store import Store
 from trainguard.states import JobState
 

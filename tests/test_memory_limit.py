@@ -14,10 +14,10 @@ import pytest
 from trainguard.backends.local import oom, tracking
 from trainguard.backends.local.cgroups import Hierarchy, JobCgroups, RunCgroup
 from trainguard.backends.local.memory_limit import MemoryCgroups, limit_writes, write_limit
+from trainguard.classify.readings import Finding
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import plan_replicas
 from trainguard.master.launch import LaunchBuilder
-from trainguard.policy.readings import Finding
 from trainguard.spec.models import validate_spec
 
 MIB64 = 64 << 20

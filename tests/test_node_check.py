@@ -17,10 +17,11 @@ from fakes import FakeBackend, make_master
 
 from trainguard.backends.api import NodeCheckOutcome, ReplicaExited, check_nodes
 from trainguard.backends.node_check.run import CheckNotRun, run_check, worker_argv
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.readings import Finding, MachineReading
 from trainguard.master.loop import Master
 from trainguard.master.node_check import NODE_CHECK_EVENT
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.node_check import (
     NodeReport,
     PairResult,
@@ -32,7 +33,6 @@ from trainguard.policy.node_check import (
     ring_pairs,
 )
 from trainguard.policy.probation import NodeEvent, NodeEventKind
-from trainguard.policy.readings import Finding, MachineReading
 from trainguard.records import nodes
 from trainguard.records.rows import RestartRow
 from trainguard.records.store import Store

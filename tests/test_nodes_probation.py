@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from fakes import FakeBackend
 
+from trainguard.classify.classes import ExitEvidence
+from trainguard.classify.exits import classify_exit
 from trainguard.errors import SpecError
 from trainguard.master.loop import Master
-from trainguard.policy.classes import ExitEvidence
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.probation import (
     FORGIVING,
     NodeEvent,

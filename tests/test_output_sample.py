@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainguard.backends.output import SAMPLE_BURST, SAMPLE_BYTES_S, RunOutput
-from trainguard.policy.logtail import MAX_LINE
-from trainguard.policy.progress_text import ProgressReader
+from trainguard.classify.logtail import MAX_LINE
+from trainguard.classify.progress_text import ProgressReader
 
 
 def _output(tmp_path: Path) -> tuple[RunOutput, list[str], list[float]]:

@@ -23,9 +23,9 @@ from trainguard.backends.api import Launch
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.cluster import Answer, Node, Probe, read_probe
+from trainguard.classify.classes import ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.exits import classify_exit
 from trainguard.master.runner import raise_fd_limit
-from trainguard.policy.classes import ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import error_code
 from trainguard.states import ErrorCode
 

@@ -7,6 +7,14 @@ from typing import Any
 import pytest
 from policy_cases import _charges, _failure, _ft
 
+from trainguard.classify.classes import (
+    INTERNAL_ERROR_MESSAGE,
+    Classification,
+    ExitEvidence,
+    ExitKind,
+    FailureClass,
+)
+from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import (
     Decision,
     FailJob,
@@ -18,14 +26,6 @@ from trainguard.policy.actions import (
     describe,
 )
 from trainguard.policy.budgets import Budgets, Charge, Failure
-from trainguard.policy.classes import (
-    INTERNAL_ERROR_MESSAGE,
-    Classification,
-    ExitEvidence,
-    ExitKind,
-    FailureClass,
-)
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_clean_exit, decide_failure
 from trainguard.spec.models import SuccessPolicy
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import TG
 
 from trainguard.backends import net
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
 
 TORCH_TAIL = (
     '  File "/venv/lib/python3.11/site-packages/torch/distributed/rendezvous.py", line 199, '

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from trainguard.backends.output import RunOutput
-from trainguard.policy.progress_text import (
+from trainguard.classify.progress_text import (
     EPOCH_SOURCE,
     ProgressReader,
     Sighting,

@@ -17,10 +17,10 @@ from trainguard.backends.ray.host import ENV_FAULTHANDLER_FILE, ReplicaHost
 from trainguard.backends.ray.node_zygote import NodeZygote
 from trainguard.backends.ray.placement import bundle_of
 from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import RestartJob
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit
 from trainguard.policy.decisions import decide_failure
 from trainguard.records.checkpoints import write_marker
 from trainguard.spec.models import FaultTolerance, Resources

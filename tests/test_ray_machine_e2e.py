@@ -19,7 +19,7 @@ from test_ray import spec
 from test_ray_escapees import _exit_of
 
 from trainguard.backends.ray.host import ReplicaHost
-from trainguard.policy.readings import Finding, Source, from_json
+from trainguard.classify.readings import Finding, Source, from_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

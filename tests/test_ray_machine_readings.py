@@ -13,7 +13,7 @@ from typing import Any
 from trainguard.backends.api import BackendEvent, Launch, ReplicaExited
 from trainguard.backends.ray.backend import RayBackend, _Run
 from trainguard.backends.ray.exit_probe import ExitProbe, seen_here
-from trainguard.policy.readings import Finding, MachineReading, Source, to_json
+from trainguard.classify.readings import Finding, MachineReading, Source, to_json
 from trainguard.spec.engines import RayOptions
 
 SEGFAULT = MachineReading(

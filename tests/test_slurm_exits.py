@@ -22,9 +22,9 @@ from trainguard.backends.slurm.cluster import (
     SlurmError,
     ended_state,
 )
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
 from trainguard.master.runner import OutsideCancels
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit
 from trainguard.spec.engines import SlurmOptions
 
 ALIVE = {"n0": Probe(Answer.ALIVE), "n1": Probe(Answer.ALIVE)}

@@ -19,7 +19,7 @@ import yaml
 from conftest import TG, wait_for
 from slurmcluster import SlurmCluster
 
-from trainguard.policy.readings import Finding, Source, from_json
+from trainguard.classify.readings import Finding, Source, from_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurmcluster.slurm_cluster  # the module's cluster

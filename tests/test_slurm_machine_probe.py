@@ -25,7 +25,7 @@ from trainguard.backends.slurm.node_probe import (
 )
 from trainguard.backends.slurm.placement import srun_argv
 from trainguard.backends.slurm.step_stacks import find_replica
-from trainguard.policy.readings import Finding, MachineReading, Source
+from trainguard.classify.readings import Finding, MachineReading, Source
 
 SEGFAULT = "import ctypes; ctypes.string_at(0)"
 READINGS = (

@@ -68,8 +68,8 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
     runs = store.runs_of("job-1", attempt=0)
     assert [(r.replica, r.pid) for r in runs] == [("worker-0", 7)]
     # a later write that names the placeholder reaches the real row
-    from trainguard.policy.classes import ExitEvidence
-    from trainguard.policy.classify import classify_exit
+    from trainguard.classify.classes import ExitEvidence
+    from trainguard.classify.exits import classify_exit
     from trainguard.states import ReplicaState
 
     c = classify_exit(ExitEvidence("worker-0", 0))

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from trainguard.classify.classes import Classification, ExitKind, FailureClass
 from trainguard.cli.parser import build_parser
 from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import SpecError
 from trainguard.frameworks import preset
 from trainguard.policy.actions import FailJob, RestartGroup, RestartJob, RestartReplica, describe
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import Classification, ExitKind, FailureClass
 from trainguard.policy.decisions import decide_failure
 from trainguard.spec.models import JobSpec, validate_spec
 

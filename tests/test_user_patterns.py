@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from trainguard.policy.catalogue import Rules, compile_user_pattern
-from trainguard.policy.classes import ExitEvidence, FailureClass
-from trainguard.policy.classify import classify_exit
-from trainguard.policy.logtail import Tail
+from trainguard.classify.catalogue import Rules, compile_user_pattern
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.logtail import Tail
 
 
 def test_a_catastrophic_pattern_runs_in_linear_time() -> None:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from trainguard.classify.classes import Classification, ExitEvidence
+from trainguard.classify.readings import MachineReading
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification, ExitEvidence
-from trainguard.policy.readings import MachineReading
 
 SERVICE_ENV = "TRAINGUARD_SERVICE"
 """Set (to its role) in the launch of a framework's own process (torchft's Lighthouse):

@@ -5,7 +5,7 @@ Nothing here may block the master: /dev/kmsg is read non-blocking and bounded, `
 runs in a daemon thread that is abandoned after its limit (a hung NFS mount must not hold
 the failure, nor the master's exit), nvidia-smi runs under a timeout. A source that cannot
 be read (no kmsg access in a container, no GPU, a mount that does not answer) becomes an
-`absent` reading; the pure parsers (`policy.machine_parse`) say what the rest means.
+`absent` reading; the pure parsers (`classify.machine_parse`) say what the rest means.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from trainguard.policy.machine_parse import (
+from trainguard.classify.machine_parse import (
     disk_reading,
     gpu_readings,
     kernel_readings,
     nvidia_smi_failed,
     tail_storage_readings,
 )
-from trainguard.policy.readings import Finding, MachineReading, Source
+from trainguard.classify.readings import Finding, MachineReading, Source
 
 KMSG = Path("/dev/kmsg")
 KMSG_MAX_RECORDS = 50_000

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from trainguard.policy.logtail import MAX_LINE, Tail
+from trainguard.classify.logtail import MAX_LINE, Tail
 from trainguard.storage.private import append_private
 
 LOG_RETRY_S = 5.0

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard.classify.logtail import printable
 from trainguard.cli import completion
 from trainguard.cli.nodes import LocalNodes, RemoteNodes, cmd_nodes
 from trainguard.cli.parser import EXIT_CANCELLED, EXIT_FAILED, EXIT_USAGE, build_parser
@@ -32,7 +33,6 @@ from trainguard.cli.readers import (
 )
 from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
-from trainguard.policy.logtail import printable
 from trainguard.records.engine import default_home
 from trainguard.records.liveness import reap_interrupted
 from trainguard.records.queries import Reader, StoreReader

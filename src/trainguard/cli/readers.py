@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainguard.classify.classes import Classification
+from trainguard.classify.logtail import printable
 from trainguard.cli.render import (
     console,
     fmt_time,
@@ -19,8 +21,6 @@ from trainguard.cli.render import (
     to_text,
 )
 from trainguard.errors import SpecError
-from trainguard.policy.classes import Classification
-from trainguard.policy.logtail import printable
 from trainguard.policy.outcome import first_decision, retries
 from trainguard.records.explain import (
     classification_json,

@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.policy.logtail import printable
+from trainguard.classify.logtail import printable
 
 _STATE_STYLE = {
     "RUNNING": "green",

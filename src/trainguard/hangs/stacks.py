@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from trainguard.classify.logtail import printable
 from trainguard.hangs.stack_model import (
     MAIN_THREAD,
     Frame,
@@ -23,7 +24,6 @@ from trainguard.hangs.stack_model import (
     State,
     ThreadStack,
 )
-from trainguard.policy.logtail import printable
 
 # What waiting inside communication looks like. A frame is a communication frame when
 # its name matches _COLLECTIVE_NAMES or its file matches _COLLECTIVE_FILES. The names

@@ -16,6 +16,9 @@ from trainguard.backends.api import (
     ReplicaExited,
 )
 from trainguard.backends.storage_check import STORAGE_CHECK_ENV
+from trainguard.classify.catalogue import Rules
+from trainguard.classify.classes import Classification, ExitEvidence
+from trainguard.classify.logcontext import last_step
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import (
     plan_replicas,
@@ -40,11 +43,8 @@ from trainguard.master.sdk_channel import SdkServer, new_token
 from trainguard.master.snapshot_keeper import SnapshotKeeper
 from trainguard.policy.actions import Decision
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.catalogue import Rules
-from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.policy.decisions import STARTUP_WINDOW_S, decide_failure
 from trainguard.policy.gpus import GpuPool
-from trainguard.policy.logcontext import last_step
 from trainguard.records.recorder import NODE, Recorder
 from trainguard.spec.injection import Injection, parse_injection
 from trainguard.spec.models import ExecutionMode, JobSpec

@@ -9,6 +9,11 @@ from dataclasses import replace
 from trainguard.backends.api import (
     ReplicaExited,
 )
+from trainguard.classify.classes import ExitEvidence, ExitKind
+from trainguard.classify.exits import (
+    classify_exit,
+    failed_before_stop,
+)
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
 from trainguard.master.events import ReplicaSlot
@@ -21,11 +26,6 @@ from trainguard.policy.actions import (
     describe,
 )
 from trainguard.policy.budgets import Failure
-from trainguard.policy.classes import ExitEvidence, ExitKind
-from trainguard.policy.classify import (
-    classify_exit,
-    failed_before_stop,
-)
 from trainguard.policy.decisions import decide_clean_exit, root_cause
 from trainguard.policy.verdicts import (
     arm_exit_hang,

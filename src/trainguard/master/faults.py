@@ -9,6 +9,10 @@ import os
 import signal
 import traceback
 
+from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE
+from trainguard.classify.exits import (
+    internal_failure,
+)
 from trainguard.master.core import MasterCore
 from trainguard.master.events import (
     PendingRestart,
@@ -16,10 +20,6 @@ from trainguard.master.events import (
 from trainguard.master.inject import kill_this_master
 from trainguard.policy.actions import RestartJob, describe
 from trainguard.policy.budgets import Failure
-from trainguard.policy.classes import INTERNAL_ERROR_MESSAGE
-from trainguard.policy.classify import (
-    internal_failure,
-)
 from trainguard.spec.injection import Injection
 from trainguard.states import AttemptOutcome, ErrorCode, JobState
 from trainguard.storage.private import append_private

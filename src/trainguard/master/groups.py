@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
 from trainguard.backends.net import connect_error
+from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.master.attempts import Attempts
 from trainguard.master.events import GroupRejoin, MasterEvent
 from trainguard.policy.actions import RestartGroup
 from trainguard.policy.budgets import Failure
-from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.states import JobState, ReplicaState
 
 SERVICE_READY_S = 60.0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from trainguard.classify.exits import (
+    hang_failure,
+)
 from trainguard.hangs.diagnose import diagnose
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
 from trainguard.policy.actions import describe
-from trainguard.policy.classify import (
-    hang_failure,
-)
 from trainguard.policy.verdicts import (
     judge_hang,
 )

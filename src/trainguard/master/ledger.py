@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from trainguard.classify.classes import Classification, FailureClass
 from trainguard.policy.actions import Decision, describe
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import Classification, FailureClass
 from trainguard.policy.decisions import error_code
 from trainguard.policy.gpus import GpuPool
 from trainguard.records.recorder import Recorder

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from trainguard.backends.api import NodeCheckOutcome
+from trainguard.classify.classes import short_line
 from trainguard.errors import StoreError
 from trainguard.policy.budgets import Failure
-from trainguard.policy.classes import short_line
 from trainguard.policy.probation import (
     NodeEvent,
     NodeEventKind,

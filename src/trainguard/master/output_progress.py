@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trainguard.backends.api import ReplicaOutput
-from trainguard.policy.progress_text import ProgressReader, Sighting
+from trainguard.classify.progress_text import ProgressReader, Sighting
 from trainguard.spec.progress import ProgressOptions, compile_progress_pattern
 
 HINT_AFTER_S = 30.0

@@ -20,13 +20,13 @@ from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.mpi.backend import MpiBackend
 from trainguard.backends.preflight import backend_problem
+from trainguard.classify.logtail import printable
 from trainguard.errors import ResumeError, SpecError
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import plan_replicas
 from trainguard.master.events import Outcome
 from trainguard.master.loop import Master
 from trainguard.notify.notifier import Notifier
-from trainguard.policy.logtail import printable
 from trainguard.records.control import check_resumable, claim_master
 from trainguard.records.liveness import master_identity, reap_interrupted
 from trainguard.records.recorder import Recorder

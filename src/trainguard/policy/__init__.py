@@ -1,30 +1,18 @@
-"""Pure decisions: classification, its catalogue and the learned second opinion (a model
-file shipped with the package), fingerprints, budgets and what to do about a failure, a
-clean exit, a hang or a start. No process, clock or network.
+"""Pure decisions: what is retried and how. Decisions as values (`actions`), budgets,
+backoff, verdicts on exits, hangs and starts, the node check and probation, the proof a
+stop names. What a failure *is* comes from `trainguard.classify`. No process, clock or
+network.
 """
 
 __all__ = [
     "actions",
     "backoff",
     "budgets",
-    "catalogue",
-    "classes",
-    "classify",
     "decisions",
-    "evidence",
-    "fingerprint",
     "gpus",
-    "learned",
-    "logcontext",
-    "logtail",
-    "machine",
-    "machine_parse",
     "node_check",
     "outcome",
-    "own_errors",
     "probation",
-    "progress_text",
-    "readings",
     "stop_proof",
     "verdicts",
 ]

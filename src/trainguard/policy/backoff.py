@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainguard.classify.classes import Classification
 from trainguard.policy.actions import Decision, RestartGroup, RestartJob, RestartReplica
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import Classification
 from trainguard.spec.models import FaultTolerance
 
 OUTAGE_RULES: dict[str, str] = {

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from math import isqrt
 from typing import Literal, Self, TypeVar, cast
 
-from trainguard.policy.classes import Classification, ExitEvidence
+from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.spec.limits import UNLIMITED
 
 Limit = int | Literal["unlimited"]

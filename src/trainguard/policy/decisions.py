@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trainguard.classify.classes import Classification, FailureClass
 from trainguard.policy.actions import (
     Decision,
     FailJob,
@@ -50,7 +51,6 @@ from trainguard.policy.actions import (
 )
 from trainguard.policy.backoff import backoff_for, rides_out, waiting
 from trainguard.policy.budgets import Budgets, Charge, Failure, Limit, Occurrence
-from trainguard.policy.classes import Classification, FailureClass
 from trainguard.policy.stop_proof import rule_proof, with_proof
 from trainguard.spec.limits import UNLIMITED, limit_allows
 from trainguard.spec.models import (

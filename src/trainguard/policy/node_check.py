@@ -20,8 +20,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainguard.policy.classes import Classification, FailureClass
-from trainguard.policy.readings import Finding
+from trainguard.classify.classes import Classification, FailureClass
+from trainguard.classify.readings import Finding
 
 OUTLIER_FACTOR = 3.0
 """A node this many times slower than the median is an outlier."""

@@ -10,6 +10,7 @@ master would do, not what a reading of the log leans to.
 
 from __future__ import annotations
 
+from trainguard.classify.classes import Classification
 from trainguard.policy.actions import (
     Decision,
     RestartGroup,
@@ -18,7 +19,6 @@ from trainguard.policy.actions import (
     WaitForCapacity,
 )
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.classes import Classification
 from trainguard.policy.decisions import decide_failure
 from trainguard.spec.models import FaultTolerance
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from trainguard.policy.classes import Classification, FailureClass
+from trainguard.classify.classes import Classification, FailureClass
 from trainguard.spec.node_probation import NodeProbation
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from trainguard.policy.catalogue import builtin_catalogue
-from trainguard.policy.classes import Classification
+from trainguard.classify.catalogue import builtin_catalogue
+from trainguard.classify.classes import Classification
 
 _NOT_IN_CATALOGUE: dict[str, str] = {
     "python-traceback": "an uncaught exception in the job's code",

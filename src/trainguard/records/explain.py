@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard.classify.catalogue import Rules
+from trainguard.classify.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
+from trainguard.classify.exits import classify_exit
+from trainguard.classify.logtail import TAIL_BYTES, Tail, printable
+from trainguard.classify.readings import from_json
 from trainguard.errors import SpecError
-from trainguard.policy.catalogue import Rules
-from trainguard.policy.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
-from trainguard.policy.classify import classify_exit
-from trainguard.policy.logtail import TAIL_BYTES, Tail, printable
-from trainguard.policy.readings import from_json
 from trainguard.records.rows import FailureRow
 from trainguard.records.schema import DECISION_EVENT, HANG_CLEARED_EVENT, WARM_START_EVENT
 from trainguard.signals import parse_signal

@@ -13,12 +13,12 @@ from typing import Any
 
 from sqlalchemy import func
 
+from trainguard.classify.classes import Classification
+from trainguard.classify.readings import to_json
 from trainguard.errors import StoreError
 from trainguard.hangs.diagnose import Diagnosis
 from trainguard.notify.notifier import Notifier
 from trainguard.policy.budgets import Failure
-from trainguard.policy.classes import Classification
-from trainguard.policy.readings import to_json
 from trainguard.records.schema import (
     CUSTOM_MESSAGE_EVENT,
     KEPT_CUSTOM_MESSAGES,

@@ -204,7 +204,7 @@ failure_records = Table(
     Column("phase", String(16)),  # start-up, training or unknown
     Column("step", BigInteger),  # the progress point: the step the replica had reached
     Column("notes", Text),  # what the context changed, one per line
-    Column("machine", Text),  # what the machine said (JSON: policy.readings.to_json)
+    Column("machine", Text),  # what the machine said (JSON: classify.readings.to_json)
 )
 
 # The node ledger (R-EVID-4), shared by every job of the store: per node, each failure that

@@ -33,10 +33,10 @@ from trainguard.backends.local.tracking import RunProcesses, Tracking, alive, al
 from trainguard.backends.local.warm_start import WarmStart
 from trainguard.backends.local.zygote import ZygoteError
 from trainguard.backends.net import free_port
+from trainguard.classify.classes import Classification
+from trainguard.classify.own_errors import zygote_death_note
 from trainguard.hangs.snapshot import snapshot_all
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification
-from trainguard.policy.own_errors import zygote_death_note
 from trainguard.signals import signal_name
 
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own

@@ -21,7 +21,7 @@ from trainguard.backends.local.cgroups import RunCgroup
 from trainguard.backends.local.memory_limit import V1_FILES, V2_FILES, shown
 from trainguard.backends.machine_probe import probe_exit
 from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV
-from trainguard.policy.readings import Finding, MachineReading, Source
+from trainguard.classify.readings import Finding, MachineReading, Source
 
 if TYPE_CHECKING:
     from trainguard.backends.api import Launch

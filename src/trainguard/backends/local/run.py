@@ -15,7 +15,7 @@ from trainguard.backends.local.oom import oom_kill_count
 from trainguard.backends.local.tracking import RunProcesses
 from trainguard.backends.machine_probe import monotonic_us
 from trainguard.backends.output import RunOutput
-from trainguard.policy.classes import ExitEvidence
+from trainguard.classify.classes import ExitEvidence
 
 OnOutput = Callable[["Run", bool, tuple[str, ...]], None]
 _TRACEBACK = "Traceback (most recent call last):"

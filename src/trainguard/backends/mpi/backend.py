@@ -41,8 +41,8 @@ from trainguard.backends.mpi.launch import (
     parse_rank_failure,
 )
 from trainguard.backends.output import RunOutput
+from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification, ExitEvidence
 from trainguard.storage.private import private_dir, private_file
 
 _POLL_S = 0.05

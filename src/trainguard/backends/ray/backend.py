@@ -33,10 +33,10 @@ from trainguard.backends.output import RunOutput
 from trainguard.backends.ray.calls import CALL_S, bounded, label, node_readings, one_line
 from trainguard.backends.ray.placement import Placement
 from trainguard.backends.ray.warm import NodeZygotes
+from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
+from trainguard.classify.machine_parse import tail_storage_readings
+from trainguard.classify.readings import MachineReading
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
-from trainguard.policy.machine_parse import tail_storage_readings
-from trainguard.policy.readings import MachineReading
 from trainguard.spec.engines import RayOptions
 from trainguard.spec.models import Resources
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard.backends.ray.exit_probe import PROBE_S, absent
-from trainguard.policy.readings import MachineReading, from_json
+from trainguard.classify.readings import MachineReading, from_json
 
 CALL_S = 10.0  # a control call (signal, where) that takes longer: the node is gone
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from trainguard.backends.local.oom import cgroup_reading, kernel_cgroup, oom_kill_count
 from trainguard.backends.local.tracking import RunProcesses
 from trainguard.backends.machine_probe import NVIDIA_SMI_S, monotonic_us, probe_exit
-from trainguard.policy.readings import Finding, MachineReading, Source, to_json
+from trainguard.classify.readings import Finding, MachineReading, Source, to_json
 
 PROBE_S = NVIDIA_SMI_S + 3.0
 """The longest the probes may take together (nvidia-smi's limit is the longest)."""
@@ -74,7 +74,7 @@ class ExitProbe:
         threading.Thread(target=run, name="trainguard-exit-probe", daemon=True).start()
 
     def result(self, timeout_s: float) -> str | None:
-        """The readings as JSON (`policy.readings.to_json`); None if none were begun."""
+        """The readings as JSON (`classify.readings.to_json`); None if none were begun."""
         if not self._begun:
             return None
         if not self._done.wait(timeout_s):

@@ -48,9 +48,9 @@ from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, S
 from trainguard.backends.slurm.node_check import check_allocation
 from trainguard.backends.slurm.node_probe import with_readings
 from trainguard.backends.slurm.placement import layout_env, node_failure, place, srun_argv
+from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
+from trainguard.classify.own_errors import is_own_resource_errno
 from trainguard.hangs.stack_model import ReplicaSnapshot
-from trainguard.policy.classes import Classification, ExitEvidence, FailureClass
-from trainguard.policy.own_errors import is_own_resource_errno
 from trainguard.spec.engines import SlurmOptions
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainguard.backends.net import connect_error
-from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
+from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
 
 SLURMD_PORT = 6818
 """slurmd's port unless slurm.conf says otherwise (`SlurmdPort`)."""

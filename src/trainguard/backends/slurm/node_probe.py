@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from trainguard.backends.api import ReplicaExited
-    from trainguard.policy.readings import MachineReading
+    from trainguard.classify.readings import MachineReading
 
 MARKER = "trainguard-machine: "
 FORWARDED = (
@@ -87,7 +87,7 @@ def machine_lines(readings: Sequence[MachineReading]) -> list[str]:
 
 def readings_of(tail: Sequence[str]) -> tuple[tuple[MachineReading, ...], tuple[str, ...]]:
     """The readings a wrapper told in a log tail, and the tail without their lines."""
-    from trainguard.policy.readings import from_json
+    from trainguard.classify.readings import from_json
 
     rows, rest = [], []
     for line in tail:
@@ -104,7 +104,7 @@ def with_readings(ev: ReplicaExited) -> ReplicaExited:
     its machine readings, and the storage errors its tail shows."""
     from dataclasses import replace
 
-    from trainguard.policy.machine_parse import tail_storage_readings
+    from trainguard.classify.machine_parse import tail_storage_readings
 
     found, tail = readings_of(ev.evidence.log_tail)
     if tail == ev.evidence.log_tail:
@@ -144,7 +144,7 @@ def _counter() -> tuple[str, int, bool] | None:
 
 
 def _memory(before: tuple[str, int, bool] | None) -> MachineReading:
-    from trainguard.policy.readings import Finding, MachineReading, Source
+    from trainguard.classify.readings import Finding, MachineReading, Source
 
     after = _counter()
     if before is None or after is None or after[0] != before[0]:

@@ -114,7 +114,7 @@ def parse_catalogue(text: str) -> tuple[Signature, ...]:
 
 @cache
 def builtin_catalogue() -> tuple[Signature, ...]:
-    text = resources.files("trainguard.policy").joinpath("signatures.yaml").read_text()
+    text = resources.files("trainguard.classify").joinpath("signatures.yaml").read_text()
     return parse_catalogue(text)
 
 

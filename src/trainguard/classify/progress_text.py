@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from trainguard.policy.logtail import clean
+from trainguard.classify.logtail import clean
 
 BACKWARDS_LIMIT = 2
 """A step that goes backwards this many times without a reason: the reader turns off."""

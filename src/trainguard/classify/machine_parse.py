@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterable
 
-from trainguard.policy.readings import Finding, MachineReading, Source
+from trainguard.classify.readings import Finding, MachineReading, Source
 
 # ---------------------------------------------------------------- the kernel log
 

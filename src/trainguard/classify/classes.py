@@ -1,5 +1,5 @@
 """What a failure is, as values: the kind of exit, the failure class, the evidence of one
-exit, and its classification. `trainguard.policy.classify` makes them."""
+exit, and its classification. `trainguard.classify.exits` makes them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import signal
 from dataclasses import dataclass
 from enum import StrEnum
 
-from trainguard.policy.logcontext import Phase
-from trainguard.policy.readings import MachineReading
+from trainguard.classify.logcontext import Phase
+from trainguard.classify.readings import MachineReading
 
 
 class ExitKind(StrEnum):
@@ -65,7 +65,7 @@ class ExitEvidence:
     # how the warm-start process that forked it died ("killed by SIGKILL"), which took the
     # replica along: the backend knows it; no line the replica prints can say it
     zygote_died: str | None = None
-    # What the machine said at the failure (policy.readings), absent sources included;
+    # What the machine said at the failure (classify.readings), absent sources included;
     # empty where nothing was gathered (a pasted log, the corpus): then only the log counts.
     machine: tuple[MachineReading, ...] = ()
 
@@ -87,7 +87,7 @@ class Classification:
     confidence: float = 1.0  # how sure the evidence makes the class (see UNCERTAIN_BELOW)
     phase: str = Phase.UNKNOWN.value  # start-up or training, when the failure happened
     notes: tuple[str, ...] = ()  # what the context changed, for `explain`
-    readings: tuple[MachineReading, ...] = ()  # the machine's, as weighed (policy.machine)
+    readings: tuple[MachineReading, ...] = ()  # the machine's, as weighed (classify.machine)
 
     @property
     def is_failure(self) -> bool:

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Sequence
 from enum import StrEnum
 
-from trainguard.policy.logtail import clean, exception_block
+from trainguard.classify.logtail import clean, exception_block
 
 
 class Phase(StrEnum):

@@ -2,7 +2,7 @@
 read (a cgroup counter, a kernel log line, a path's free space, a GPU's health, who sent
 the signal). A source that could not be read is a reading too (`Finding.ABSENT`), so a
 missing source is recorded, never guessed. Probes make them (`backends.machine_probe`),
-the pure weighing reads them (`policy.machine`), `explain` shows them."""
+the pure weighing reads them (`classify.machine`), `explain` shows them."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from importlib import resources
 from itertools import pairwise
 from typing import Any
 
-from trainguard.policy.classes import Classification, ExitKind, FailureClass
-from trainguard.policy.logcontext import progress_lines
+from trainguard.classify.classes import Classification, ExitKind, FailureClass
+from trainguard.classify.logcontext import progress_lines
 
 SURE = 0.7
 """Rules at least this confident are not second-guessed."""
@@ -222,7 +222,7 @@ def _doubted(c: Classification, op: Opinion) -> Classification:
 @cache
 def default() -> Model:
     """The shipped model (scripts/train_classifier.py writes it)."""
-    text = resources.files("trainguard.policy").joinpath(MODEL_FILE).read_text()
+    text = resources.files("trainguard.classify").joinpath(MODEL_FILE).read_text()
     return from_dict(json.loads(text))
 
 

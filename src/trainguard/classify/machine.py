@@ -1,6 +1,6 @@
 """Weighing what the machine said at a failure (R-EVID-1, R-EVID-2): pure.
 
-The log's verdict (`policy.classify`) is read again beside the machine's readings
+The log's verdict (`classify.exits`) is read again beside the machine's readings
 (`ExitEvidence.machine`), in this order; where there are none, nothing changes (the corpus
 of real logs sets none, so its numbers cannot move):
 
@@ -26,10 +26,10 @@ import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainguard.policy.classes import Classification, ExitEvidence, ExitKind, FailureClass
-from trainguard.policy.classes import exit_message as _exit_message
-from trainguard.policy.fingerprint import fingerprint
-from trainguard.policy.readings import Finding, MachineReading, Source
+from trainguard.classify.classes import Classification, ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.classes import exit_message as _exit_message
+from trainguard.classify.fingerprint import fingerprint
+from trainguard.classify.readings import Finding, MachineReading, Source
 from trainguard.signals import parse_signal
 
 _KILLS = frozenset({signal.SIGKILL, signal.SIGTERM})

@@ -8,15 +8,15 @@ import re
 import signal
 from dataclasses import dataclass, replace
 
-from trainguard.policy.catalogue import Rules, Signature, first_match
-from trainguard.policy.classes import (
+from trainguard.classify.catalogue import Rules, Signature, first_match
+from trainguard.classify.classes import (
     EXTERNAL_KILL_SIGNALS,
     TRANSIENT_SIGNALS,
     ExitEvidence,
     FailureClass,
     short_line,
 )
-from trainguard.policy.logcontext import (
+from trainguard.classify.logcontext import (
     Phase,
     child_signal,
     collective_mismatch,
@@ -26,7 +26,7 @@ from trainguard.policy.logcontext import (
     root_exception_block,
     solo_work_before_timeout,
 )
-from trainguard.policy.logtail import clean, exception_block
+from trainguard.classify.logtail import clean, exception_block
 from trainguard.signals import signal_name
 
 _ABORT_AFTER_EXCEPTION = 5

@@ -20,7 +20,7 @@ fingerprint for counting "the same error". The evidence is weighed in this order
 6. where the rules are unsure (confidence under 0.7), a small learned model of real
    logs reads the tail as a second opinion; a retry it grants is granted once;
 7. the machine's readings at the failure (kernel log, cgroup, disk, GPUs, the signal's
-   sender) settle what the log could not (`policy.machine`).
+   sender) settle what the log could not (`classify.machine`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainguard.policy.catalogue import Rules
-from trainguard.policy.classes import (
+from trainguard.classify.catalogue import Rules
+from trainguard.classify.classes import (
     INTERNAL_ERROR_MESSAGE,
     Classification,
     ExitEvidence,
@@ -38,20 +38,20 @@ from trainguard.policy.classes import (
     FailureClass,
     exit_message,
 )
-from trainguard.policy.evidence import weigh
-from trainguard.policy.fingerprint import fingerprint
-from trainguard.policy.learned import reconsider
-from trainguard.policy.logcontext import phase_of
-from trainguard.policy.logtail import exception_block
-from trainguard.policy.machine import weigh_machine
-from trainguard.policy.own_errors import is_own_resource_errno, own_resource_text
+from trainguard.classify.evidence import weigh
+from trainguard.classify.fingerprint import fingerprint
+from trainguard.classify.learned import reconsider
+from trainguard.classify.logcontext import phase_of
+from trainguard.classify.logtail import exception_block
+from trainguard.classify.machine import weigh_machine
+from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.signals import decode_returncode, signal_name
 
 
 def classify_exit(ev: ExitEvidence, rules: Rules | None = None) -> Classification:
     """Classify one exit from its evidence alone: the rules, then, where they are unsure,
-    the learned model's reading of the log (`trainguard.policy.learned`), then what the
-    machine said (`trainguard.policy.machine`; nothing where it said nothing)."""
+    the learned model's reading of the log (`trainguard.classify.learned`), then what the
+    machine said (`trainguard.classify.machine`; nothing where it said nothing)."""
     return weigh_machine(reconsider(classify_by_rules(ev, rules), ev.log_tail), ev)
 
 
