@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainguard.records import snapshot_state, snapshots
+from trainguard.storage import snapshot_state, snapshots
 
 
 def _mlp(hidden: int) -> tuple[nn.Module, Callable[[], torch.Tensor]]:

@@ -15,7 +15,12 @@ mypy
 if [ "$#" -eq 0 ]; then
   # The whole suite holds a coverage floor (in-process lines; replicas and masters run in
   # child processes and are not counted): measured 72% on the fast tests alone.
-  python -m pytest -q --durations=40 --cov=trainguard --cov-report=term:skip-covered --cov-fail-under=70
+  # Side by side on 4 workers: most end-to-end tests wait on their child processes, so
+  # more workers than this machine's 2 cores pay. Tests that share one thing (a cluster,
+  # PostgreSQL, Chromium, the kernel log) run in turn on one worker: tests/conftest.py
+  # puts each such family in one xdist group.
+  python -m pytest -q -n "${TG_TEST_WORKERS:-4}" --dist loadgroup --durations=40 \
+    --cov=trainguard --cov-report=term:skip-covered --cov-fail-under=70
 else
   python -m pytest -q "$@"
 fi

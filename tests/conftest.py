@@ -16,6 +16,11 @@ from postgres import postgres_url  # noqa: F401 (a session fixture for every tes
 from raycluster import ray_cluster  # noqa: F401 (a module fixture: a 3-node Ray cluster)
 
 from trainguard.backends.local.tracking import alive as alive  # tests import it from here
+from trainguard.master.moves import STRICT_TRANSITIONS_ENV
+
+# An illegal job or replica state move fails the test: the master raises (in production it
+# records an internal error). The masters the CLI and the server start inherit it.
+os.environ.setdefault(STRICT_TRANSITIONS_ENV, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(ROOT / "tests" / "bins" / "child.py")
@@ -125,3 +130,102 @@ def needs(missing: str | None, what: str) -> pytest.MarkDecorator:
     if missing and not ci:
         print(f"{what}: skipped: {missing}", file=sys.stderr)
     return pytest.mark.skipif(missing is not None and not ci, reason=str(missing))
+
+
+def _process_guard(item: pytest.Item) -> Iterator[None]:
+    """While a test not marked slow sets up or runs, starting a process fails it: the fast
+    tier must run in memory. Every way a process starts here goes through one of these."""
+    import _posixsubprocess
+    import multiprocessing.util  # noqa: F401 (spawn and forkserver use _posixsubprocess)
+
+    tried: list[str] = []  # what the test tried to start, each saying how
+
+    def refuse(how: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            what = f"{how}({args[1] if how == 'subprocess.Popen' else ''})"
+            tried.append(what)
+            pytest.fail(
+                f"{item.nodeid} starts a process ({what}) but is not marked slow: "
+                "the fast tier runs no real process; mark it `pytest.mark.slow`",
+                pytrace=False,
+            )
+
+        return refused
+
+    patches: list[tuple[Any, str, Any]] = [
+        (subprocess.Popen, "_execute_child", refuse("subprocess.Popen")),
+        (_posixsubprocess, "fork_exec", refuse("fork_exec")),
+    ]
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            patches.append((os, name, refuse(f"os.{name}")))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, fake in patches:
+        setattr(owner, name, fake)
+    try:
+        yield
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+    if tried:  # the code under test caught the failure: the test fails all the same
+        pytest.fail(
+            f"{item.nodeid} is not marked slow but starts processes: {tried}", pytrace=False
+        )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow"):
+        return (yield)
+    yield from _process_guard(item)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow"):
+        return (yield)
+    yield from _process_guard(item)
+    return None
+
+
+# Families of tests that share something one machine has once (scripts/test.sh runs the
+# suite on several xdist workers with `--dist loadgroup`): each family runs on one worker,
+# one test at a time, so its module-scoped cluster starts once per file there.
+_KERNEL_FILES = {"test_machine_e2e.py", "test_memory_limit_e2e.py", "test_machine_cgroup.py"}
+
+
+def _serial_group(item: pytest.Item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    if item.get_closest_marker("ray") or "ray_cluster" in names:
+        return "ray"  # the 3-node Ray cluster (and test_hosts.py's network namespaces)
+    if item.get_closest_marker("slurm") or "slurm_cluster" in names:
+        return "slurm"  # the 3-host Slurm cluster, on network namespaces
+    if item.get_closest_marker("postgres"):
+        return "postgres"  # one PostgreSQL server per worker that runs these
+    if item.get_closest_marker("browser"):
+        return "browser"  # Chromium, and test_web.py's fixed screenshot path in /tmp
+    if item.get_closest_marker("slow") and (
+        item.path.name in _KERNEL_FILES or "node_memory" in names
+    ):
+        return "kernel"  # v1 memory cgroups, OOM kills and the kernel log they all read
+    if isinstance(item, pytest.Function) and any(
+        d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
+    ):
+        return item.path.name  # a file's module fixture (a baseline run, a model) made once
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    loadgroup = bool(getattr(config.option, "loadgroup", False))
+    for item in items:
+        if group := _serial_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+            if loadgroup and not hasattr(item, "_nodeid") and hasattr(item, "_id"):
+                # xdist (3.8) hands the group to its scheduler as a suffix it writes to
+                # `_nodeid`, which pytest 9.2's structured ids no longer read: without this,
+                # the groups are silently ignored (pytest-dev/pytest-xdist#1386)
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")

@@ -5,14 +5,14 @@ drive the master's and the policy's logic step by step.
 
 from __future__ import annotations
 
+import asyncio
 import socket
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     SERVICE_ENV,
     BackendEvent,
     Launch,
@@ -23,7 +23,8 @@ from trainguard.backends.api import (
 )
 from trainguard.backends.net import free_port
 from trainguard.classify.classes import ExitEvidence
-from trainguard.hangs.snapshot import snapshot_all
+from trainguard.hangs.stack_model import Frame, ReplicaStacks, ThreadStack
+from trainguard.master.events import Transition
 from trainguard.master.loop import Master
 from trainguard.records.recorder import Recorder
 from trainguard.records.rows import JobRow, _Row
@@ -31,18 +32,64 @@ from trainguard.records.store import Store
 from trainguard.spec.models import validate_spec
 
 
+class FakeTimer:
+    """One call `FakeClock.later` scheduled."""
+
+    def __init__(self, due_s: float, order: int, fn: Callable[[], None]) -> None:
+        self.due_s, self.order, self.fn = due_s, order, fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class FakeClock:
-    """Seconds that pass only when a test says so (`advance`)."""
+    """Seconds that pass only when a test says so (`advance`), and the timers they fire: the
+    job's clock and its `trainguard.timers.Timers` in one."""
 
     def __init__(self, now: float = 1_000.0) -> None:
         self.now = now
+        self._timers: list[FakeTimer] = []
+        self._made = 0  # timers scheduled so far: equal due times fire in this order
 
     def __call__(self) -> float:
         return self.now
 
+    def later(self, delay_s: float, fn: Callable[[], None]) -> FakeTimer:
+        """`fn` runs when `advance` reaches now + delay_s (never inside this call)."""
+        self._made += 1
+        timer = FakeTimer(self.now + max(0.0, delay_s), self._made, fn)
+        self._timers.append(timer)
+        return timer
+
+    def pending(self) -> list[float]:
+        """When each timer not yet fired nor cancelled is due, soonest first."""
+        return sorted(t.due_s for t in self._timers if not t.cancelled)
+
     def advance(self, seconds: float) -> float:
-        self.now += seconds
+        """Move the clock `seconds` on, firing every timer due by then in time order, each
+        with the clock at its due time; one that a fired timer schedules fires too if due."""
+        return self.advance_to(self.now + seconds)
+
+    def advance_to(self, end: float) -> float:
+        """`advance` to the time `end` (no earlier than now)."""
+        assert end >= self.now, f"time runs forward only: {end} < {self.now}"
+        while True:
+            due = [t for t in self._timers if not t.cancelled and t.due_s <= end]
+            if not due:
+                break
+            first = min(due, key=lambda t: (t.due_s, t.order))
+            self._timers.remove(first)
+            self.now = max(self.now, first.due_s)
+            first.fn()
+        self._timers = [t for t in self._timers if not t.cancelled]
+        self.now = end
         return self.now
+
+
+_WAITING = (
+    ThreadStack(1, "MainThread", True, (Frame("wait", "train.py", 10, False),)),
+)  # the stack a fake replica shows unless a test cans another
 
 
 class FakeBackend:
@@ -63,6 +110,8 @@ class FakeBackend:
         self.exit_on_stop: dict[str, int] = {}  # a replica ending on its own as the stop came
         self.nodes: dict[str, str] = {}  # replica -> the node label its start reports
         self.listening: dict[str, socket.socket] = {}  # services' listening sockets
+        self.stacks: dict[str, tuple[ThreadStack, ...]] = {}  # what a stack dump finds (canned)
+        self.dumps: list[list[str]] = []  # the replicas each stack dump was asked for
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self.emit = emit
@@ -148,8 +197,18 @@ class FakeBackend:
     def log_tail(self, replica: str) -> tuple[str, ...]:
         return ()
 
-    async def snapshot(self, targets: Any, timeout_s: float, files: Any) -> list[Any]:
-        return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
+    async def dump_stacks(
+        self, targets: Sequence[tuple[str, int, int]], timeout_s: float, files: Any
+    ) -> list[ReplicaStacks]:
+        """Canned stacks: `stacks[replica]`, else one main thread waiting in `train.py`.
+        The pids are made up: nothing is ever attached to (no py-spy, no signal)."""
+        self.dumps.append([name for name, _, _ in targets])
+        return [
+            ReplicaStacks(
+                name, rank, pid, "canned", True, None, 0.0, self.stacks.get(name, _WAITING)
+            )
+            for name, rank, pid in targets
+        ]
 
     def isolate_after(self, replica: str, c: Any) -> None:
         return None
@@ -180,15 +239,17 @@ def job_row(**values: Any) -> JobRow:
 
 
 def make_master(
-    tmp_path: Path, backend: FakeBackend, clock: Callable[[], float] | None = None, **spec: Any
+    tmp_path: Path, backend: FakeBackend, clock: FakeClock | None = None, **spec: Any
 ) -> tuple[Master, Store]:
-    """A job master on `backend` with a real store under `tmp_path`: 2 workers by default."""
+    """A job master on `backend` with a real store under `tmp_path`: 2 workers by default.
+    Its time is `clock` (a fresh `FakeClock` if none): nothing fires until a test advances it."""
     data: dict[str, Any] = {
         "name": "t",
         "worker_pools": [{"role": "worker", "replicas": 2, "command": ["x"]}],
         **spec,
     }
     job = validate_spec(data)
+    clock = clock or FakeClock()
     store = Store(tmp_path / "home")
     rec = Recorder(store, "job-1")
     rec.job_created(name="t", spec=job, log_dir=tmp_path / "logs", at_s=0.0, master={})
@@ -199,6 +260,35 @@ def make_master(
         recorder=rec,
         log_dir=tmp_path / "logs",
         cwd=str(tmp_path),
-        clock=clock or time.time,
+        clock=clock,
+        timers=clock,
     )
     return m, store
+
+
+async def settle(master: Master) -> list[Transition]:
+    """Everything the master has to do now, as its loop would: each queued event through
+    `step`, and its background tasks (a signal sent, a replica started alone) run out.
+    Returns what each turn did."""
+    turns = []
+    while True:
+        while not master._queue.empty():
+            turns.append(await master.step(master._queue.get_nowait()))
+        if master._background:
+            await asyncio.gather(*list(master._background))
+            continue
+        await asyncio.sleep(0)  # what the turns handed to the event loop
+        if master._queue.empty() and not master._background:
+            return turns
+
+
+async def pass_time(master: Master, clock: FakeClock, seconds: float) -> list[Transition]:
+    """`seconds` of the job's time in zero real time: every timer due meanwhile fires at its
+    time, and what it set off is settled before the next one fires."""
+    end = clock.now + seconds
+    turns = await settle(master)
+    while (due := clock.pending()) and due[0] <= end:
+        clock.advance_to(max(due[0], clock.now))
+        turns += await settle(master)
+    clock.advance_to(end)
+    return turns + await settle(master)

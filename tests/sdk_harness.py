@@ -15,7 +15,8 @@ import pytest
 
 from trainguard import sdk
 from trainguard.errors import CallRefused
-from trainguard.master.sdk_channel import SdkServer, new_token
+from trainguard.master.sdk_channel import SdkServer
+from trainguard.storage.ids import new_token
 
 REPLICA = "worker-1"
 WAIT_S = 10.0

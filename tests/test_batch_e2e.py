@@ -11,6 +11,8 @@ from conftest import TG, child
 from trainguard.records.rows import RunRow
 from trainguard.records.store import Store
 
+pytestmark = pytest.mark.slow  # real jobs
+
 # shard 0 succeeds; shard 1 is killed on its first two runs, then succeeds; shard 2 is
 # killed every time, a while later (shard 1 is done by then, whether the job then fails
 # or not). Each shard prints its own SHARD_INDEX / SHARD_COUNT first.

@@ -119,7 +119,7 @@ FALLBACK = textwrap.dedent(
     import asyncio, os, sys
     sys.path.insert(0, {src!r})
     from pathlib import Path
-    from trainguard.backends.api import Launch, ReplicaExited
+    from trainguard.backends.interface import Launch, ReplicaExited
     from trainguard.backends.local import tracking
     from trainguard.backends.local.backend import LocalBackend
     tracking.JobCgroups.create = lambda token: "switched off for the test"

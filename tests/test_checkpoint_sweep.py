@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TG
 
-from trainguard.records import checkpoint_copy as cc
-from trainguard.records import checkpoints as ck
+from trainguard.storage import checkpoint_copy as cc
+from trainguard.storage import checkpoints as ck
 
 KILLED = str(ROOT / "tests" / "bins" / "ckpt_killed_mid_copy.py")
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, TG
 
-from trainguard.records import checkpoints as ck
-from trainguard.records.checkpoints import Entry, to_keep
+from trainguard.storage import checkpoints as ck
+from trainguard.storage.checkpoints import Entry, to_keep
 
 
 def _folder(tmp_path: Path, name: str, text: str) -> Path:
@@ -117,6 +117,7 @@ def test_retention_writes_the_index_then_deletes(tmp_path: Path) -> None:
     assert sorted(p.name for p in storage.glob("checkpoint_*")) == index["checkpoints"]
 
 
+@pytest.mark.slow
 def test_report_and_get_checkpoint_lose_nothing_across_a_kill(tg: TG, tmp_path: Path) -> None:
     result = tmp_path / "result.json"
     steps = 12
@@ -146,6 +147,7 @@ def test_report_and_get_checkpoint_lose_nothing_across_a_kill(tg: TG, tmp_path: 
     assert sorted(p.name for p in storage.glob("checkpoint_*")) == kept
 
 
+@pytest.mark.slow
 def test_outside_trainguard_report_and_get_checkpoint_do_nothing(tmp_path: Path) -> None:
     import os
     import subprocess
@@ -163,6 +165,7 @@ def test_outside_trainguard_report_and_get_checkpoint_do_nothing(tmp_path: Path)
     assert res.stderr.count("SdkWarning") == 1
 
 
+@pytest.mark.slow
 def test_a_new_job_can_start_from_a_given_checkpoint(tg: TG, tmp_path: Path) -> None:
     seed = tmp_path / "seed"
     seed.mkdir()
@@ -226,11 +229,11 @@ def test_a_long_resume_download_shows_how_far_it_got() -> None:
     """Issue 20: a download that takes a while says what, how much and how far."""
     import io
 
-    from trainguard.records.checkpoints import DownloadProgress
+    from trainguard.storage.checkpoints import DownloadMeter
 
     now = [0.0]
     out = io.StringIO()
-    shown = DownloadProgress("s3://b/job/checkpoint_000040", 4, 40_000_000, lambda: now[0], out)
+    shown = DownloadMeter("s3://b/job/checkpoint_000040", 4, 40_000_000, lambda: now[0], out)
     for _ in range(4):
         now[0] += 2.5
         shown.advance(10_000_000)
@@ -243,7 +246,7 @@ def test_a_long_resume_download_shows_how_far_it_got() -> None:
     assert lines[2] == "trainguard:   30.0 MB of 40.0 MB (75%), 4.0 MB/s"  # every 5 s
     assert lines[-1] == "trainguard: checkpoint downloaded in 10.0 s"
     quick = io.StringIO()
-    fast = DownloadProgress("s3://b/x", 1, 10, lambda: 0.0, quick)
+    fast = DownloadMeter("s3://b/x", 1, 10, lambda: 0.0, quick)
     fast.advance(10)
     fast.done()
     assert quick.getvalue() == ""

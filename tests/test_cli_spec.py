@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,11 @@ import pytest
 from trainguard.cli.parser import build_parser
 from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import SpecError
-from trainguard.spec.aimaster_flags import parse_ft_args
+from trainguard.spec import fields
+from trainguard.spec.aimaster_flags import FLAGS, parse_ft_args
 from trainguard.spec.models import (
     ExecutionMode,
+    FaultTolerance,
     FaultTolerantPolicy,
     JobSpec,
     SuccessPolicy,
@@ -35,7 +38,7 @@ AIMASTER_FIELDS = {
     "max_num_of_job_restart": "3",
     "fault_tolerant_policy": "ExitCodeAndErrorMsg",
     "enable_job_hang_detection": True,
-    "job_hang_interval": "1800",
+    "job_hang_interval_s": "1800",
 }
 
 
@@ -61,7 +64,7 @@ def test_parse_ft_args_validates_into_the_spec() -> None:
     assert ft.max_num_of_job_restart == 3
     assert ft.fault_tolerant_policy is FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
     assert ft.enable_job_hang_detection is True
-    assert ft.job_hang_interval == 1800
+    assert ft.job_hang_interval_s == 1800
 
 
 @pytest.mark.parametrize(
@@ -83,7 +86,7 @@ def test_parse_ft_args_validates_into_the_spec() -> None:
         ("--fault-tolerant-policy 'OnFailure'", {"fault_tolerant_policy": "OnFailure"}),
         (
             "--enable-job-exit-hang-detection=True --job-exit-hang-interval=60",
-            {"enable_job_exit_hang_detection": True, "job_exit_hang_interval": "60"},
+            {"enable_job_exit_hang_detection": True, "job_exit_hang_interval_s": "60"},
         ),
         ("--enable-c4d-hang-detection=False", {"enable_c4d_hang_detection": False}),
         ("--max-num-of-same-error=4", {"max_num_of_same_error": "4"}),
@@ -404,3 +407,82 @@ def test_internal_commands_are_never_shown(capsys: pytest.CaptureFixture[str]) -
     said = capsys.readouterr().err
     assert "invalid choice: 'nosuch'" in said and "'run'" in said and "_master" not in said
     assert parser.parse_args(["_master", "job-1"]).cmd == "_master"  # still there to run
+
+
+# ---------------------------------------------------------------- the one field table
+
+
+def _model_field(path: str) -> object:
+    """The model field at a spec path (`fault_tolerance.job_hang_interval_s`), or None."""
+    model: Any = JobSpec
+    field = None
+    for part in path.split("."):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        model = getattr(field.annotation, "model_fields", None) and field.annotation
+    return field
+
+
+def test_every_row_of_the_field_table_is_a_spec_field_and_a_flag_of_run_and_submit() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("run", "submit"):
+        actions = {a.dest: a for a in sub.choices[command]._actions}
+        for row in fields.FIELDS:
+            if row.flags:
+                assert row.key in actions, (command, row)
+                assert tuple(actions[row.key].option_strings) == row.flags
+    refused = {"fault_tolerance.enable_c4d_hang_detection"}  # models.FaultTolerance._no_c4d
+    for row in fields.FIELDS:
+        if row.path and row.path not in refused:
+            assert _model_field(row.path) is not None, row.path
+    assert {r.path for r in fields.AIMASTER.values()} - refused <= {
+        f"fault_tolerance.{f}" for f in FaultTolerance.model_fields
+    }
+    assert FLAGS["job-hang-interval"] == "job_hang_interval_s"
+
+
+def test_a_flag_beats_a_spec_files_older_spelling(tmp_path: Path) -> None:
+    path = _write_spec(
+        tmp_path,
+        "name: j\nworker_pools: [{command: [python, t.py]}]\n"
+        "fault_tolerance: {job_hang_interval: 60, job_exit_hang_interval: 70}\n",
+    )
+    ft = _build("-f", path).fault_tolerance
+    assert (ft.job_hang_interval_s, ft.job_exit_hang_interval_s) == (60, 70)
+    ft = _build("-f", path, "--job-hang-interval", "30").fault_tolerance
+    assert (ft.job_hang_interval_s, ft.job_exit_hang_interval_s) == (30, 70)
+    ft = _build("-f", path, "--ft-args", "--job-exit-hang-interval=10").fault_tolerance
+    assert (ft.job_hang_interval_s, ft.job_exit_hang_interval_s) == (60, 10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (
+            ("--ft-args", "--job-hang-interval=0"),
+            "fault_tolerance.job_hang_interval_s: must be >= 0.5, got '0' "
+            "(from --ft-args --job-hang-interval)",
+        ),
+        (
+            ("--ft-args", "--job-hang-interval=0", "--job-hang-interval", "0.1"),
+            "fault_tolerance.job_hang_interval_s: must be >= 0.5, got '0.1' "
+            "(from --job-hang-interval)",
+        ),
+        (
+            ("--gpus", "0,0"),
+            "gpu_inventory: GPU 0 is listed twice: each GPU is handed out once (from --gpus)",
+        ),
+    ],
+)
+def test_a_problem_names_the_flag_that_set_the_value(argv: tuple[str, ...], problem: str) -> None:
+    assert _build_problems(*argv, "--", "python", "x.py") == [problem]
+
+
+def test_c4d_from_ft_args_is_refused_on_and_accepted_off() -> None:
+    (line,) = _build_problems("--ft-args", "--enable-c4d-hang-detection=True", "--", "x")
+    assert line.startswith("fault_tolerance.enable_c4d_hang_detection: C4D is Alibaba Cloud's")
+    assert line.endswith("(from --ft-args --enable-c4d-hang-detection)")
+    spec = _build("--ft-args", "--enable-c4d-hang-detection=False", "--", "x")
+    assert spec.fault_tolerance == _build("--", "x").fault_tolerance

@@ -114,6 +114,7 @@ def _complete(tmp_path: Any, *words: str) -> list[str]:
     return sorted(w for w in res.stdout.splitlines() if w)
 
 
+@pytest.mark.slow
 def test_bash_completes_commands_and_each_commands_flags(tmp_path: Any) -> None:
     assert _complete(tmp_path, "st") == ["stacks", "status"]
     assert "_master" not in _complete(tmp_path, "")  # internal: never offered

@@ -35,6 +35,14 @@ def _train(tg: TG, ckpt: Path, out: Path) -> list[str]:
     ]
 
 
+def _says(tg: TG, job_id: str, text: str) -> bool:
+    """Whether rank 0's log of the first attempt holds `text`: read from the file itself,
+    as often as wait_for asks (a `status` through the CLI takes a second or more on a busy
+    machine, in which the job may run to its end before the test kills its master)."""
+    log = tg.home / "jobs" / job_id / "attempt-0" / "worker-0.log"
+    return log.exists() and text in log.read_text()
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The final weights of the same job run without any fault, cold (every replica its
@@ -173,12 +181,7 @@ def test_the_master_killed_mid_run_then_resume_loses_nothing(
     proc = tg.start(*_train(tg, tmp_path / "ck", tmp_path / "resumed.pt"))
     job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-    def at_step_30() -> bool:
-        replicas = tg.json("status", job_id)["replicas"]  # none yet while torch imports
-        log = Path(replicas[0]["log_path"]) if replicas else None
-        return log is not None and log.exists() and "step 30 loss" in log.read_text()
-
-    wait_for(at_step_30, timeout=120, what="step 30")
+    wait_for(lambda: _says(tg, job_id, "step 30 loss"), timeout=120, what="step 30")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert tg.json("status", job_id)["state"] == "INTERRUPTED"
@@ -274,12 +277,7 @@ def test_a_killed_master_falls_back_to_the_durable_copy_of_the_snapshots(
     proc = tg.start(*argv, "--snapshot", "--ckpt-every", "1000")
     job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-    def at_step_50() -> bool:
-        replicas = tg.json("status", job_id)["replicas"]
-        log = Path(replicas[0]["log_path"]) if replicas else None
-        return log is not None and log.exists() and "step 50 loss" in log.read_text()
-
-    wait_for(at_step_50, timeout=120, what="step 50")
+    wait_for(lambda: _says(tg, job_id, "step 50 loss"), timeout=120, what="step 50")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     res = tg("resume", job_id, "--quiet", timeout=300)

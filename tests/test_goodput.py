@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import itertools
 import math
 import sys
 from dataclasses import replace
@@ -14,6 +14,7 @@ from fakes import job_row, row
 
 from trainguard.records.goodput import goodput
 from trainguard.records.rows import AttemptRow, ProgressRow, RestartRow, TransitionRow
+from trainguard.records.store import Store
 
 
 def _attempt(number: int, started_at_s: float) -> AttemptRow:
@@ -65,6 +66,7 @@ def test_no_failures_no_advice() -> None:
     assert g["productive_s"] == 0 and g["advice"]["text"] == "no advice: no failures yet"
 
 
+@pytest.mark.slow
 def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
     script = str(ROOT / "tests" / "bins" / "sdk_train.py")
     inject = ("--inject", "signal:worker-0:SIGKILL@step=10")
@@ -85,11 +87,19 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
     assert g["failures"] == 1
     assert sum(g["badput"].values()) + g["productive_s"] == pytest.approx(g["total_s"])
     assert 0.3 < g["goodput"] < 1.0
-    # checkpoints at every step: little or nothing is redone (the table test covers it)
-    assert g["badput"]["work_lost_s"] >= 0 and g["advice"]["young_interval_s"] is not None
+    # checkpoints at every step: the restarted attempt redoes at most the steps the kill
+    # caught in flight (rank 1 may be a step or two ahead of the killed rank 0), never the
+    # ten a resume from scratch would
+    firsts: dict[int, float] = {}
+    for p in sorted(Store(tg.home).progress_of(g["job"]["id"]), key=lambda p: p.at_s):
+        if p.attempt == 1:
+            firsts.setdefault(p.step, p.at_s)
+    times = sorted(firsts.values())
+    longest_step = max(b - a for a, b in itertools.pairwise(times))
+    assert g["badput"]["work_lost_s"] <= 3 * longest_step, (g["badput"], firsts)
+    assert g["advice"]["young_interval_s"] is not None
     text = tg("goodput", "sdk_train").stdout
     assert "productive" in text and "advice: checkpoint every" in text
-    assert json.loads(json.dumps(g)) == g
 
 
 def test_time_in_the_servers_queue_is_queueing() -> None:

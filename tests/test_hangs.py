@@ -1,11 +1,15 @@
-"""The hang timer (R-HANG-1, R-HANG-2) in a real event loop, with short intervals."""
+"""The hang timer (R-HANG-1, R-HANG-2) on the fake clock: time moves only when a test
+advances it, and a report comes exactly when it is due (zero real time)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+
+import pytest
+from fakes import FakeClock
 
 from trainguard.hangs.watch import HangDetected, HangWatch
+from trainguard.timers import LOOP_TIMERS
 
 
 def _watch(
@@ -13,7 +17,9 @@ def _watch(
     enabled: bool = True,
     output: list[float] | None = None,
     startup: float = 600.0,
-) -> tuple[HangWatch, list[HangDetected]]:
+) -> tuple[HangWatch, list[HangDetected], FakeClock]:
+    """A watch on a fake clock; `output[0]` is when the replicas printed last."""
+    clock = FakeClock()
     seen: list[HangDetected] = []
     last = output if output is not None else [0.0]
     watch = HangWatch(
@@ -21,64 +27,55 @@ def _watch(
         interval_s=interval,
         post=seen.append,
         output_activity=lambda: last[0],
+        clock=clock,
         startup_timeout_s=startup,
+        timers=clock,
     )
-    return watch, seen
-
-
-async def _run_for(watch: HangWatch, seconds: float) -> None:
-    task = asyncio.create_task(watch.run())
-    await asyncio.sleep(seconds)
-    task.cancel()
+    return watch, seen, clock
 
 
 def test_silence_for_the_interval_is_reported_once() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.2)
-        watch.arm(attempt=3)
-        t0 = time.time()
-        await _run_for(watch, 0.6)
-        assert len(seen) == 1  # one report per attempt until the master re-arms
-        assert (seen[0].kind, seen[0].attempt) == ("hang", 3)
-        assert 0.2 <= seen[0].idle_s < 0.4 and time.time() - t0 >= 0.2
-
-    asyncio.run(scenario())
+    watch, seen, clock = _watch(0.2)
+    watch.arm(attempt=3)
+    clock.advance(0.19)
+    assert seen == []
+    clock.advance(0.41)
+    assert len(seen) == 1  # one report per attempt until the master re-arms
+    assert (seen[0].kind, seen[0].attempt) == ("hang", 3)
+    assert 0.2 <= seen[0].idle_s < 0.4
+    assert seen[0].idle_s == pytest.approx(0.2)  # reported when due, not later
+    assert clock.pending() == []  # and nothing left to look at
 
 
 def test_output_keeps_the_job_alive() -> None:
-    async def scenario() -> None:
-        output = [time.time()]
-        watch, seen = _watch(0.3, output=output)
-        watch.arm(0)
-        task = asyncio.create_task(watch.run())
-        for _ in range(8):
-            await asyncio.sleep(0.1)
-            output[0] = time.time()
-        assert seen == []
-        await asyncio.sleep(0.45)
-        task.cancel()
-        assert len(seen) == 1
-
-    asyncio.run(scenario())
+    output = [0.0]
+    watch, seen, clock = _watch(0.3, output=output)
+    output[0] = clock()
+    watch.arm(0)
+    for _ in range(8):
+        clock.advance(0.1)
+        output[0] = clock()
+    assert seen == []
+    clock.advance(0.45)
+    assert len(seen) == 1
+    assert seen[0].idle_s == pytest.approx(0.3)
 
 
 def test_heartbeats_count_and_record_steps() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.3)
-        watch.arm(0)
-        task = asyncio.create_task(watch.run())
-        for step in range(6):
-            await asyncio.sleep(0.1)
-            watch.beat("worker-0", step)
-        task.cancel()
-        assert seen == []
-        assert [s for s, _ in watch.beats()["worker-0"]] == [0, 1, 2, 3, 4, 5]
-
-    asyncio.run(scenario())
+    watch, seen, clock = _watch(0.3)
+    watch.arm(0)
+    for step in range(6):
+        clock.advance(0.1)
+        watch.beat("worker-0", step)
+    assert seen == []
+    assert [s for s, _ in watch.beats()["worker-0"]] == [0, 1, 2, 3, 4, 5]
+    assert [t for _, t in watch.beats()["worker-0"]] == pytest.approx(
+        [1000.1, 1000.2, 1000.3, 1000.4, 1000.5, 1000.6]
+    )
 
 
 def test_scopes_the_shortest_wins_and_off_wins_over_all() -> None:
-    watch, _ = _watch(1800)
+    watch, _, _ = _watch(1800)
     assert watch.interval() == 1800
     watch.scope("worker-0", 180)
     watch.scope("worker-1", 60)
@@ -87,74 +84,97 @@ def test_scopes_the_shortest_wins_and_off_wins_over_all() -> None:
     assert watch.interval() is None
     watch.scope("worker-1", None)
     assert watch.interval() == 180
-    disabled, _ = _watch(1800, enabled=False)
+    disabled, _, _ = _watch(1800, enabled=False)
     assert disabled.interval() is None
     disabled.scope("worker-0", 5)
     assert disabled.interval() == 5  # a scope turns detection on where it applies
 
 
 def test_a_quiet_phase_inside_hang_detect_off_is_not_a_hang() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.2)
-        watch.arm(0)
-        watch.scope("worker-0", -1)
-        await _run_for(watch, 0.5)
-        assert seen == []
-        watch.scope("worker-0", None)  # leaving the scope is a sign of life too
-        await _run_for(watch, 0.1)
-        assert seen == []
-
-    asyncio.run(scenario())
+    watch, seen, clock = _watch(0.2)
+    watch.arm(0)
+    watch.scope("worker-0", -1)
+    clock.advance(0.5)
+    assert seen == [] and clock.pending() == []  # off: no timer at all
+    watch.scope("worker-0", None)  # leaving the scope is a sign of life too
+    clock.advance(0.1)
+    assert seen == []
+    clock.advance(0.1)
+    assert [h.kind for h in seen] == ["hang"]  # the interval counts from leaving it
 
 
 def test_disarmed_while_restarting_and_rearmed_after_a_stale_report() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.1)
-        watch.arm(0)
-        watch.disarm()
-        await _run_for(watch, 0.3)
-        assert seen == []
-        watch.arm(1)
-        await _run_for(watch, 0.15)
-        assert len(seen) == 1
-        watch.rearm()
-        await _run_for(watch, 0.15)
-        assert len(seen) == 2
-
-    asyncio.run(scenario())
+    watch, seen, clock = _watch(0.1)
+    watch.arm(0)
+    watch.disarm()
+    clock.advance(0.3)
+    assert seen == []
+    watch.arm(1)
+    clock.advance(0.15)
+    assert len(seen) == 1
+    watch.rearm()
+    clock.advance(0.15)
+    assert len(seen) == 2
+    assert [h.attempt for h in seen] == [1, 1]
 
 
 def test_before_every_replica_shows_life_the_start_up_allowance_applies() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.1, startup=0.5)
-        watch.arm(0, ["worker-0", "worker-1"])
-        await _run_for(watch, 0.3)
-        assert seen == [] and watch.pending() == {"worker-0", "worker-1"}
-        assert 0 < watch.startup_left() <= 0.5
-        await _run_for(watch, 0.35)
-        assert [h.kind for h in seen] == ["startup_hang"]  # nobody showed a sign of life
-
-    asyncio.run(scenario())
+    watch, seen, clock = _watch(0.1, startup=0.5)
+    watch.arm(0, ["worker-0", "worker-1"])
+    clock.advance(0.3)
+    assert seen == [] and watch.pending() == {"worker-0", "worker-1"}
+    assert 0 < watch.startup_left() <= 0.5
+    clock.advance(0.35)
+    assert [h.kind for h in seen] == ["startup_hang"]  # nobody showed a sign of life
+    assert seen[0].interval_s == 0.5  # the allowance is what ran out
 
 
 def test_the_interval_counts_once_every_replica_has_shown_life() -> None:
-    async def scenario() -> None:
-        watch, seen = _watch(0.2, startup=60)
-        watch.alive("worker-0")  # printed before the attempt was armed: kept
-        watch.arm(0, ["worker-0", "worker-1"])
-        assert watch.pending() == {"worker-1"}
-        await _run_for(watch, 0.4)
-        assert seen == []  # worker-1 is still starting: the 60 s allowance holds
-        watch.beat("worker-1", None)  # an SDK call is a sign of life too
-        assert watch.pending() == frozenset() and watch.startup_left() == 0
-        await _run_for(watch, 0.35)
-        assert [h.kind for h in seen] == ["hang"]
+    watch, seen, clock = _watch(0.2, startup=60)
+    watch.alive("worker-0")  # printed before the attempt was armed: kept
+    watch.arm(0, ["worker-0", "worker-1"])
+    assert watch.pending() == {"worker-1"}
+    clock.advance(0.4)
+    assert seen == []  # worker-1 is still starting: the 60 s allowance holds
+    watch.beat("worker-1", None)  # an SDK call is a sign of life too
+    assert watch.pending() == frozenset() and watch.startup_left() == 0
+    clock.advance(0.35)
+    assert [h.kind for h in seen] == ["hang"]
 
-    asyncio.run(scenario())
+
+def test_a_silent_start_up_past_the_allowance_is_a_hang_when_one_replica_spoke() -> None:
+    watch, seen, clock = _watch(0.2, startup=60)
+    watch.arm(0, ["worker-0", "worker-1"])
+    watch.alive("worker-0")
+    clock.advance(59.9)
+    assert seen == []
+    clock.advance(0.2)
+    assert [h.kind for h in seen] == ["hang"]  # not every replica was silent
+
+
+def test_on_the_loop_timers_the_watch_reports_in_real_time() -> None:
+    """Production's `LOOP_TIMERS`: the same watch on the event loop and the real clock."""
+
+    async def scenario() -> list[HangDetected]:
+        seen: list[HangDetected] = []
+        watch = HangWatch(
+            enabled=True,
+            interval_s=0.05,
+            post=seen.append,
+            output_activity=lambda: 0.0,
+            timers=LOOP_TIMERS,
+        )
+        watch.arm(0)
+        await asyncio.sleep(0.02)
+        assert seen == []
+        await asyncio.sleep(0.2)
+        return seen
+
+    assert [h.kind for h in asyncio.run(scenario())] == ["hang"]
 
 
 def test_a_replica_restarted_alone_is_starting_again() -> None:
-    watch, _ = _watch(0.2, startup=30)
+    watch, _, _ = _watch(0.2, startup=30)
     watch.arm(0, ["worker-0"])
     watch.alive("worker-0")
     assert watch.startup_left() == 0
@@ -163,6 +183,6 @@ def test_a_replica_restarted_alone_is_starting_again() -> None:
 
 
 def test_the_allowance_is_never_shorter_than_the_interval() -> None:
-    watch, _ = _watch(5.0, startup=1.0)
+    watch, _, _ = _watch(5.0, startup=1.0)
     watch.arm(0, ["worker-0"])
     assert 4.9 < watch.startup_left() <= 5.0

@@ -5,9 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TG, child
 
 from trainguard.records.store import Store
+
+pytestmark = pytest.mark.slow  # real jobs
 
 
 def run(tg: TG, *args: str, n: int = 2, actions: tuple[str, ...] = ()) -> tuple[int, str]:

@@ -12,7 +12,7 @@ from trainguard.classify.logtail import printable
 from trainguard.cli.live import LiveRun
 from trainguard.cli.readers import status_text
 from trainguard.cli.render import jobs_table, live_panel, records_renderable, to_text
-from trainguard.hangs.stack_model import Frame, ReplicaSnapshot, ThreadStack
+from trainguard.hangs.stack_model import Frame, ReplicaStacks, ThreadStack
 from trainguard.hangs.stacks import aggregate, render
 from trainguard.records.explain import print_aggregate, print_explain
 
@@ -144,5 +144,5 @@ def test_explain_and_aggregate_escape_what_the_replica_printed(
 def test_stacks_escape_the_names_a_process_gave() -> None:
     frame = Frame(f"step{HOSTILE}", f"/app/{HOSTILE}.py", 3, False)
     threads = (ThreadStack(1, "MainThread", True, (frame,)),)
-    snaps = [ReplicaSnapshot("worker-0", 0, 1000, "py-spy", True, None, 1.0, threads)]
+    snaps = [ReplicaStacks("worker-0", 0, 1000, "py-spy", True, None, 1.0, threads)]
     assert f"step{SHOWN}" in clean(render(aggregate(snaps)))

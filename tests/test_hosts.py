@@ -284,7 +284,7 @@ def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(w: World, baseline:
     tg = w.master("hang")
     command = _ddp(w, "hang", "--hang-at-step", "20")
     storage = {"storage": str(w.hosts.shared / "hang-ck")}
-    job = w.spec("hang", command, checkpoint=storage, fault_tolerance={"job_hang_interval": 5})
+    job = w.spec("hang", command, checkpoint=storage, fault_tolerance={"job_hang_interval_s": 5})
     res = tg("run", "--quiet", "-f", job, timeout=300)
     assert res.returncode == 0, res.stderr
     (rec,) = tg.json("records", "hang")

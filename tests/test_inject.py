@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TG, child
+from fakes import FakeClock
 
+from trainguard.master.inject import FaultInjector
 from trainguard.records.store import Store
-from trainguard.spec.injection import parse_injection
+from trainguard.spec.injection import Injection, parse_injection
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,67 @@ def test_bad_specs_say_what_is_wrong(text: str, error: str) -> None:
         parse_injection(text)
 
 
+def _injector(*texts: str) -> tuple[FaultInjector, list[str], FakeClock]:
+    """An injector on the fake clock; what it fires, by its text."""
+    clock = FakeClock()
+    fired: list[str] = []
+
+    def fire(inj: Injection) -> None:
+        fired.append(inj.text)
+
+    return FaultInjector([parse_injection(t) for t in texts], fire, clock), fired, clock
+
+
+def test_a_timed_injection_fires_once_at_its_time_into_its_attempt() -> None:
+    inj, fired, clock = _injector("signal:worker-1:SIGKILL@20s", "stop:worker-0@1.5s,attempt=1")
+    clock.advance(60)
+    assert fired == []  # nothing counts before an attempt is running
+    inj.arm(0)
+    clock.advance(19.9)
+    assert fired == []
+    clock.advance(0.1)
+    assert fired == ["signal:worker-1:SIGKILL@20s"]
+    inj.arm(1)  # the next attempt: its own injection, counted from its start
+    clock.advance(1.4)
+    assert fired == ["signal:worker-1:SIGKILL@20s"]
+    clock.advance(0.1)
+    assert fired == ["signal:worker-1:SIGKILL@20s", "stop:worker-0@1.5s,attempt=1"]
+    inj.arm(0)  # attempt 0 again (a resumed numbering never does this): fired already
+    clock.advance(100)
+    assert len(fired) == 2 and clock.pending() == []
+
+
+def test_a_disarmed_injection_waits_for_its_attempt_to_run_again() -> None:
+    inj, fired, clock = _injector("master@30s")
+    inj.arm(0)
+    clock.advance(29)
+    inj.disarm()  # the attempt is being restarted: its clock stops
+    clock.advance(10)
+    assert fired == [] and clock.pending() == []
+    inj.arm(0)
+    clock.advance(29.9)
+    assert fired == []  # counted from the running attempt's start, not the first's
+    clock.advance(0.1)
+    assert fired == ["master@30s"]
+
+
+def test_a_step_injection_fires_at_its_step_in_its_attempt_only() -> None:
+    inj, fired, _ = _injector("exit:worker-1:3@step=7", "signal:worker-0:segv@step=5,attempt=1")
+    inj.on_step("worker-1", 9)
+    assert fired == []  # no attempt running yet
+    inj.arm(0)
+    inj.on_step("worker-0", 8)
+    inj.on_step("worker-1", 6)
+    assert fired == []  # another replica's step, then worker-1 short of 7
+    inj.on_step("worker-1", 7)
+    inj.on_step(None, 50)  # the job's step (from the output): attempt 1's is not due yet
+    assert fired == ["exit:worker-1:3@step=7"]
+    inj.arm(1)
+    inj.on_step(None, 5)
+    assert fired == ["exit:worker-1:3@step=7", "signal:worker-0:segv@step=5,attempt=1"]
+
+
+@pytest.mark.slow
 def test_a_bad_inject_flag_is_one_line_and_exit_2(tg: TG) -> None:
     res = tg("run", "--inject", "kill:x@1s", "--", "true")
     assert res.returncode == 2
@@ -51,6 +114,7 @@ def test_a_bad_inject_flag_is_one_line_and_exit_2(tg: TG) -> None:
     assert "(from --inject)" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_an_injection_into_a_replica_the_job_lacks_is_refused(tg: TG) -> None:
     res = tg("run", "--inject", "signal:worker-1:KILL@1s", "--", "true")
     assert res.returncode == 2
@@ -62,6 +126,7 @@ def _run(tg: TG, *args: str, actions: tuple[str, ...]) -> int:
     return res.returncode
 
 
+@pytest.mark.slow
 def test_an_injected_kill_is_recovered_and_recorded_as_an_injection(tg: TG) -> None:
     rc = _run(tg, "--inject", "signal:worker-1:SIGKILL@1s", actions=("*@0:forever",))
     assert rc == 0
@@ -77,6 +142,7 @@ def test_an_injected_kill_is_recovered_and_recorded_as_an_injection(tg: TG) -> N
     assert (ev.kind, ev.text) == ("injection", "send SIGKILL to worker-1 1 s into attempt 0")
 
 
+@pytest.mark.slow
 def test_an_injected_segfault_at_a_reported_step(tg: TG) -> None:
     rc = _run(tg, "--inject", "signal:worker-0:SEGV@step=3", actions=("*@0:beats:50",))
     assert rc == 0
@@ -84,6 +150,7 @@ def test_an_injected_segfault_at_a_reported_step(tg: TG) -> None:
     assert (rec["replica"], rec["failure_class"]) == ("worker-0", "transient_exit")
 
 
+@pytest.mark.slow
 def test_an_injected_sigstop_is_a_hang_and_the_stopped_rank_is_named(tg: TG) -> None:
     rc = _run(
         tg,
@@ -99,6 +166,7 @@ def test_an_injected_sigstop_is_a_hang_and_the_stopped_rank_is_named(tg: TG) -> 
     assert (f["failure_class"], f["replica"]) == ("hang", "worker-1")
 
 
+@pytest.mark.slow
 def test_an_injected_master_kill_then_resume(tg: TG) -> None:
     rc = _run(tg, "--inject", "master@1s", actions=("*@0:forever",))
     assert rc == -9
@@ -108,6 +176,7 @@ def test_an_injected_master_kill_then_resume(tg: TG) -> None:
     assert tg.only_job()["state"] == "SUCCEEDED"
 
 
+@pytest.mark.slow
 def test_an_injected_exit_code_at_a_step_is_classified_like_any_exit(
     tg: TG, tmp_path: Path
 ) -> None:

@@ -7,14 +7,15 @@ function or an `if TYPE_CHECKING:` block alike, so a lazy import cannot hide a c
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainguard"
 LAYERS: tuple[str | tuple[str, ...], ...] = (
-    ("errors", "states", "signals"),  # the vocabulary: exceptions, states, signal names
-    "storage",  # files every layer writes (private modes), standard library only
+    ("errors", "states", "signals", "timers"),  # the vocabulary: exceptions, states, signals, time
+    "storage",  # files the SDK and the master share, standard library only (see below)
     "spec",
     "classify",  # what a failure is: catalogue, evidence, learned model, log and machine readings
     "policy",
@@ -116,3 +117,46 @@ def _all_of(init: Path) -> set[str]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
             return set(ast.literal_eval(node.value))
     return set()
+
+
+# What `storage/` may import besides the standard library and the vocabulary: only inside a
+# function, and only what the job that takes that path already needs (an fsspec URL for its
+# checkpoints; torch for a snapshot of tensors, which the training process has loaded).
+STORAGE_OPTIONAL = frozenset({"fsspec", "torch"})
+
+
+def foreign_imports(src: Path = SRC) -> list[str]:
+    """`storage/` imports that are neither the standard library nor trainguard's vocabulary
+    (the layer check above keeps its trainguard imports at or below it)."""
+    found = []
+    for path in sorted((src / "storage").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                ok = root in sys.stdlib_module_names or root in ("__future__", "trainguard")
+                if not ok and (id(node) in top or root not in STORAGE_OPTIONAL):
+                    found.append(f"{path.relative_to(src.parent)}:{node.lineno}: {name}")
+    return found
+
+
+def test_storage_imports_only_the_standard_library() -> None:
+    assert foreign_imports() == []
+
+
+def test_the_storage_check_catches_a_foreign_import(tmp_path: Path) -> None:
+    (tmp_path / "trainguard" / "storage").mkdir(parents=True)
+    (tmp_path / "trainguard" / "storage" / "x.py").write_text(
+        "import json\nimport fsspec\n\ndef f():\n    import torch\n    import yaml\n"
+    )
+    assert foreign_imports(tmp_path / "trainguard") == [
+        "trainguard/storage/x.py:2: fsspec",
+        "trainguard/storage/x.py:6: yaml",
+    ]

@@ -22,12 +22,12 @@ def _problems(data: dict[str, object]) -> list[str]:
     [
         ({"max_num_of_job_restart": 10**30}, "fault_tolerance.max_num_of_job_restart"),
         ({"max_num_of_job_restart": str(10**30)}, "fault_tolerance.max_num_of_job_restart"),
-        ({"job_hang_interval": 1e30}, "fault_tolerance.job_hang_interval"),
+        ({"job_hang_interval_s": 1e30}, "fault_tolerance.job_hang_interval_s"),
         ({"startup_timeout_s": 1e30}, "fault_tolerance.startup_timeout_s"),
-        ({"job_hang_interval": float("nan")}, "fault_tolerance.job_hang_interval"),
-        ({"job_hang_interval": float("inf")}, "fault_tolerance.job_hang_interval"),
-        ({"job_hang_interval": 0.001}, "fault_tolerance.job_hang_interval"),
-        ({"job_exit_hang_interval": 0.01}, "fault_tolerance.job_exit_hang_interval"),
+        ({"job_hang_interval_s": float("nan")}, "fault_tolerance.job_hang_interval_s"),
+        ({"job_hang_interval_s": float("inf")}, "fault_tolerance.job_hang_interval_s"),
+        ({"job_hang_interval_s": 0.001}, "fault_tolerance.job_hang_interval_s"),
+        ({"job_exit_hang_interval_s": 0.01}, "fault_tolerance.job_exit_hang_interval_s"),
         ({"startup_timeout_s": 0.1}, "fault_tolerance.startup_timeout_s"),
         ({"max_tolerated_failure_rate": float("nan")}, "fault_tolerance.max_tolerated"),
     ],
@@ -65,6 +65,7 @@ def test_fractional_cpus_cannot_slip_under_a_quota() -> None:
     assert request_of(spec).cpus == pytest.approx(1000 * MIN_CPUS_PER_REPLICA)
 
 
+@pytest.mark.slow
 def test_a_huge_flag_is_exit_2_with_one_line(tg: TG) -> None:
     res = tg("run", "--max-restarts", str(10**30), "--", "true")
     assert res.returncode == 2 and "Traceback" not in res.stderr
@@ -129,6 +130,7 @@ def test_an_injection_within_the_budget_or_unlimited_is_accepted() -> None:
         ("server", "--port", "70000"),
     ],
 )
+@pytest.mark.slow
 def test_nonsense_numbers_on_the_command_line_are_exit_2(tg: TG, argv: tuple[str, ...]) -> None:
     res = tg(*argv)
     assert res.returncode == 2, res

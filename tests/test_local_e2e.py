@@ -10,6 +10,8 @@ from conftest import TG, child
 
 from trainguard.records.store import Store
 
+pytestmark = pytest.mark.slow  # every test here runs real jobs
+
 
 def run(tg: TG, *args: str, n: int = 2, actions: tuple[str, ...] = ()) -> tuple[int, str]:
     res = tg("run", "--quiet", "--nproc-per-node", str(n), *args, "--", *child(*actions))

@@ -1,5 +1,5 @@
-"""The last exception of a log tail (logtail.last_exception): the line a Python
-traceback ends with, through chained, caused and grouped exceptions."""
+"""The last exception of a log tail (the first line of logtail.exception_block): the line
+a Python traceback ends with, through chained, caused and grouped exceptions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import pytest
 from trainguard.backends.output import RunOutput
 from trainguard.classify.classes import ExitEvidence
 from trainguard.classify.exits import classify_exit
-from trainguard.classify.logtail import last_exception
+from trainguard.classify.logtail import exception_block
+
+
+def last_exception(lines: tuple[str, ...]) -> str | None:
+    """The `KeyError: 'x'` line closing the last Python traceback in a log tail."""
+    hit = exception_block(lines)
+    return hit[2][0] if hit else None
+
 
 CHAINED = (
     "Traceback (most recent call last):",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fakes import FakeBackend, make_master
 
-from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE, ExitEvidence
 from trainguard.master.events import CancelRequested
 from trainguard.master.loop import Master
@@ -209,9 +209,8 @@ def test_primary_success_ends_the_job(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("fail_start", [True])
-def test_a_backend_fault_is_an_internal_error(tmp_path: Path, fail_start: bool) -> None:
-    be = FakeBackend(fail_start=fail_start)
+def test_a_backend_fault_is_an_internal_error(tmp_path: Path) -> None:
+    be = FakeBackend(fail_start=True)
     m, store = make(tmp_path, be)
     outcome = asyncio.run(m.run())
     assert outcome.state is JobState.FAILED

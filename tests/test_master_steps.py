@@ -12,7 +12,7 @@ import io
 import signal
 from pathlib import Path
 
-from fakes import FakeBackend, FakeClock, make_master
+from fakes import FakeBackend, FakeClock, make_master, pass_time
 
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.events import CapacityRetry, Transition
@@ -40,18 +40,21 @@ def test_a_start_without_capacity_waits_then_expires(tmp_path: Path) -> None:
         be = FakeBackend()
         be.no_capacity = "no node has 8 GPUs"
         queue = {"wait_for_capacity": True, "capacity_retry_s": 0.01, "max_wait_s": 0.05}
-        m, store = make_master(tmp_path, be, queue=queue)
+        clock = FakeClock()
+        m, store = make_master(tmp_path, be, clock, queue=queue)
         await m.begin()
+        t0 = clock()
         assert m.state is JobState.RESTARTING and be.launches == []
         job = store.job("job-1")
         assert "waiting for capacity" in str(job.queued_reason)
         turns: list[Transition] = []
         for _ in range(200):  # CapacityRetry comes every 10 ms until max_wait_s is spent
-            await asyncio.sleep(0.01)
-            turns += await _turns(m)
+            turns += await pass_time(m, clock, 0.01)
             if m.state.is_terminal:
                 break
         assert m.state is JobState.EXPIRED  # type: ignore[comparison-overlap]
+        assert 0.05 <= clock() - t0 < 0.07  # it expired at the first try past max_wait_s
+        assert 5 <= _decided(turns).count("WaitForCapacity") <= 6  # a try every 10 ms
         assert {"WaitForCapacity", "Expire"} <= set(_decided(turns))
         last = turns[-1]
         assert isinstance(last.decision, Expire)
@@ -100,11 +103,13 @@ def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
 def test_a_clean_exit_before_the_others_arms_the_exit_hang_timer(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
+        clock = FakeClock()
         m, _ = make_master(
             tmp_path,
             be,
+            clock,
             success_policy="all",
-            fault_tolerance={"job_exit_hang_interval": 0.5},
+            fault_tolerance={"job_exit_hang_interval_s": 0.5},
         )
         await m.begin()
         await _turns(m)
@@ -114,8 +119,9 @@ def test_a_clean_exit_before_the_others_arms_the_exit_hang_timer(tmp_path: Path)
         (t,) = await _turns(m)
         assert isinstance(t.decision, Ignore) and t.after is JobState.RUNNING
         assert m._exit_hang_timer is not None
-        await asyncio.sleep(0.6)  # worker-0 never follows: an exit hang
-        turns = await _turns(m)
+        assert await pass_time(m, clock, 0.49) == []  # the interval is not over yet
+        turns = await pass_time(m, clock, 0.11)  # worker-0 never follows: an exit hang
+        assert be.dumps == [["worker-0"]]  # the stacks of the one still running, canned
         decision = turns[0].decision
         assert isinstance(decision, RestartJob), turns
         assert "exit_hang" in decision.reason or "exit hang" in decision.reason.lower()
@@ -128,7 +134,7 @@ def test_a_hang_restarts_the_job_and_a_second_at_the_same_point_fails_it(tmp_pat
     async def scenario() -> None:
         be = FakeBackend()
         # 1 s after the fake replicas started: both hangs are in start-up, no step reached
-        m, _ = make_master(tmp_path, be, FakeClock(2.0), fault_tolerance={"job_hang_interval": 1})
+        m, _ = make_master(tmp_path, be, FakeClock(2.0), fault_tolerance={"job_hang_interval_s": 1})
         await m.begin()
         await _turns(m)
         m.hangs.alive("worker-0")
@@ -187,10 +193,13 @@ def test_a_shard_that_cannot_be_retried_is_given_up_and_the_job_succeeds_in_part
 def test_an_injected_signal_goes_through_the_backend(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()
-        m, _ = make_master(tmp_path, be, fault_injection=["signal:worker-1:SIGSEGV@0.01s"])
+        clock = FakeClock()
+        m, _ = make_master(tmp_path, be, clock, fault_injection=["signal:worker-1:SIGSEGV@0.01s"])
         await m.begin()
         await _turns(m)  # RUNNING: the injection's clock starts
-        await asyncio.sleep(0.05)
+        await pass_time(m, clock, 0.009)
+        assert be.signals == []  # not before its time
+        await pass_time(m, clock, 0.041)
         assert be.signals == [("worker-1", signal.SIGSEGV)]
         await m.shutdown()
 

@@ -180,9 +180,7 @@ def test_the_oom_counter_of_a_run_is_its_memory_companions(tmp_path: Path) -> No
     beside = _with_counter(tmp_path / "memrun", str(MIB64)).processes
     run.companions.append(beside)
     assert run.memory_path == beside.path and run.oom_kills() == 1
-    assert oom.own_counter(cast(Any, SimpleNamespace(processes=run))) == (
-        beside.path / "memory.oom_control"
-    )
+    assert oom.counter_of(run) == beside.path / "memory.oom_control"
 
 
 def test_each_launch_carries_its_pools_memory_in_bytes(tmp_path: Path) -> None:

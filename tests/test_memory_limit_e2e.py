@@ -18,7 +18,7 @@ import pytest
 from conftest import TG, needs, wait_for
 from test_fault_matrix_e2e import MEMORY, _children, _in_cgroup, _run, node_memory
 
-from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.local.memory_limit import MemoryCgroups
 from trainguard.backends.local.zygote import Zygote

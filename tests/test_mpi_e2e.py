@@ -96,7 +96,7 @@ def test_a_bug_in_a_rank_is_not_retried_and_names_the_rank(tg: TG, tmp_path: Pat
 def test_a_hung_rank_is_snapshot_by_pid_and_the_job_restarts(tg: TG, tmp_path: Path) -> None:
     job = _job(tmp_path, "hung", "--steps", "20", "--ckpt-every", "5", "--hang-at-step", "8")
     spec = yaml.safe_load(Path(job).read_text())
-    spec["fault_tolerance"] = {"job_hang_interval": 3}
+    spec["fault_tolerance"] = {"job_hang_interval_s": 3}
     Path(job).write_text(yaml.safe_dump(spec))
     res = tg("run", "--quiet", "-f", job, timeout=180)
     assert res.returncode == 0, res.stderr

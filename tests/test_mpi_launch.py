@@ -21,7 +21,6 @@ from trainguard.backends.mpi.launch import (
     find_ranks,
     hostfile_text,
     mpirun_argv,
-    open_mpi_version,
     parse_rank_failure,
 )
 
@@ -115,6 +114,7 @@ if sys.argv[1] == "exit":
         (["exit", "bad config"], 1, "bad config"),
     ],
 )
+@pytest.mark.slow
 def test_the_wrapper_runs_a_script_as_python_would_and_ends_at_once_on_error(
     tmp_path: Path, args: list[str], code: int, err: str
 ) -> None:
@@ -135,6 +135,7 @@ def test_the_wrapper_runs_a_script_as_python_would_and_ends_at_once_on_error(
     assert marker.exists() == (code == 0)  # atexit (MPI_Finalize) runs only on success
 
 
+@pytest.mark.slow
 def test_the_wrapper_runs_modules_and_code_strings(tmp_path: Path) -> None:
     (tmp_path / "mod.py").write_text("import sys; print(__name__, sys.argv[1:]); 1 / 0\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
@@ -144,12 +145,6 @@ def test_the_wrapper_runs_modules_and_code_strings(tmp_path: Path) -> None:
         assert res.stdout == out
         assert res.returncode == (1 if target[0] == "-m" else 0), res.stderr
         assert ("ZeroDivisionError" in res.stderr) == (target[0] == "-m")
-
-
-def test_open_mpi_version_from_mpirun_version() -> None:
-    text = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
-    assert open_mpi_version(text) == (4, 1, 4)
-    assert open_mpi_version("HYDRA build details:\n    Version: 4.1\n") is None
 
 
 # ---- the demultiplexer -------------------------------------------------------------

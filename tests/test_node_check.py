@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fakes import FakeBackend, make_master
 
-from trainguard.backends.api import NodeCheckOutcome, ReplicaExited, check_nodes
+from trainguard.backends.interface import NodeCheckOutcome, ReplicaExited, check_nodes
 from trainguard.backends.node_check.run import CheckNotRun, run_check, worker_argv
 from trainguard.classify.classes import ExitEvidence
 from trainguard.classify.exits import classify_exit

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.backends.ray.host import NODE_DEVICES_ENV
 from trainguard.backends.ray.placement import Placement
 from trainguard.backends.ray.warm import NodeZygotes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_node_env import _envs
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.backends.local.node_layout import NodeLayout, without_own
 from trainguard.frameworks import preset
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES, placed_envs

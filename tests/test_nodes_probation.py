@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeBackend
+from fakes import FakeBackend, FakeClock
 
 from trainguard.classify.classes import ExitEvidence
 from trainguard.classify.exits import classify_exit
@@ -252,6 +252,7 @@ def _job(
     rec = Recorder(Store(tmp_path / "home"), job)
     logs = tmp_path / job
     rec.job_created(name=job, spec=spec, log_dir=logs, at_s=0.0, master={})
+    clock = FakeClock()  # its time and timers: nothing fires unless a test advances it
     return Master(
         job_id=job,
         spec=spec,
@@ -260,6 +261,8 @@ def _job(
         log_dir=logs,
         cwd=str(tmp_path),
         say=say or (lambda _m: None),
+        clock=clock,
+        timers=clock,
     )
 
 

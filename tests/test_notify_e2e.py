@@ -21,6 +21,8 @@ from test_server import Server
 
 from trainguard.notify.signing import verify
 
+pytestmark = pytest.mark.slow  # a real server and jobs
+
 
 @pytest.fixture
 def hook(receiver: Callable[..., Receiver]) -> Receiver:

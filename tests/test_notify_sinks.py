@@ -33,6 +33,7 @@ sys.exit(int(sys.argv[2]))
 """
 
 
+@pytest.mark.slow
 def test_command_sink_gets_json_on_stdin_and_env(
     tmp_path: Path, notifier: Callable[..., Notifier]
 ) -> None:
@@ -53,6 +54,7 @@ def test_command_sink_gets_json_on_stdin_and_env(
     assert n.stats["delivered"] == 1
 
 
+@pytest.mark.slow
 def test_command_sink_nonzero_exit_is_retried_then_failed(
     tmp_path: Path, notifier: Callable[..., Notifier], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -68,6 +70,7 @@ def test_command_sink_nonzero_exit_is_retried_then_failed(
     assert any("exit code 3: boom" in rec.getMessage() for rec in caplog.records)
 
 
+@pytest.mark.slow
 def test_command_sink_missing_program_fails_without_retry(
     tmp_path: Path, notifier: Callable[..., Notifier]
 ) -> None:

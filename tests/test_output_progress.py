@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
-from fakes import FakeBackend, make_master
+from fakes import FakeBackend, FakeClock, make_master, settle
 
-from trainguard.backends.api import ReplicaOutput
+from trainguard.backends.interface import ReplicaOutput
 from trainguard.master.loop import Master
 from trainguard.master.output_progress import HINT_AFTER_S, OutputProgress
 from trainguard.spec.progress import ProgressOptions
@@ -117,7 +116,8 @@ def test_the_master_records_steps_from_output_and_injects_at_them(tmp_path: Path
         assert [(r.attempt, r.step) for r in rows] == [(0, 1), (0, 3)]
         job = store.job("job-1")
         assert job.last_step == 3 and '"loss": 0.5' in str(job.last_metrics_json)
-        await asyncio.sleep(0.01)  # the injection's task
+        await settle(m)  # the injection's task: the signal goes out
+        assert ("worker-1", signal.SIGKILL) in be.signals
         await m.shutdown()
         assert ("worker-1", signal.SIGKILL) in be.signals  # step=3 read from the output
 
@@ -139,7 +139,7 @@ def test_a_run_that_is_not_current_is_not_read(tmp_path: Path) -> None:
 
 
 def test_a_hint_is_given_only_when_no_step_follows() -> None:
-    timers: list[tuple[float, Callable[[], None]]] = []
+    clock = FakeClock()
     notes: list[str] = []
     summary = "┃   ┃ Name ┃ Type       ┃ Params ┃ Mode  ┃"
 
@@ -149,17 +149,18 @@ def test_a_hint_is_given_only_when_no_step_follows() -> None:
             "worker-0",
             lambda *_: None,
             lambda _r, text: notes.append(text),
-            lambda delay, fn: timers.append((delay, fn)),
+            clock.later,
         )
 
     silent = make()
     silent.feed(_out(1.0, summary))
-    assert [d for d, _ in timers] == [HINT_AFTER_S]
-    timers.pop()[1]()
+    assert clock.pending() == [clock() + HINT_AFTER_S]
+    clock.advance(HINT_AFTER_S - 0.1)
+    assert notes == []
+    clock.advance(0.1)
     assert len(notes) == 1 and "TQDMProgressBar" in notes[0]
     talking = make()
     talking.feed(_out(1.0, summary))
     talking.feed(_out(2.0, "Epoch 0:  10%|#         | 3/30 [00:00<00:00, 40.00it/s]"))
-    for _, fn in timers:
-        fn()
+    clock.advance(HINT_AFTER_S * 2)
     assert len(notes) == 1  # a step came: no hint

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import TG
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.cluster import Answer, Node, Probe, read_probe

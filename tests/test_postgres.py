@@ -30,7 +30,7 @@ from trainguard.states import JobState
 
 pytest.importorskip("psycopg")  # the postgres extra; a base install skips this file
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]  # a real PostgreSQL server
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_store_round_trip(db: str, tmp_path: Path) -> None:
     assert restart.error_source == "exit_hang_detector"
     assert [e.replica for e in store.events_of("tg-1")] == ["r" * 128]
     assert [p.step for p in store.progress_of("tg-1")] == [2**33]
-    assert store.snapshots_of("tg-1") == []
+    assert store.stack_dumps_of("tg-1") == []
     store.close()
 
 

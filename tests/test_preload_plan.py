@@ -63,6 +63,7 @@ def test_auto_is_replaced_and_named_modules_stay(tmp_path: Path) -> None:
     assert resolve(["auto"], ["bash", "x.sh"], str(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_nothing_heavy_to_preload_starts_cold_and_quietly(tg: TG) -> None:
     res = tg("run", "--", sys.executable, "-c", "import json")
     assert res.returncode == 0, res.stderr
@@ -70,6 +71,7 @@ def test_nothing_heavy_to_preload_starts_cold_and_quietly(tg: TG) -> None:
     assert "warm_start" not in tg("explain", tg.only_job()["id"]).stdout
 
 
+@pytest.mark.slow
 def test_auto_preloads_what_the_script_imports(tg: TG, tmp_path: Path) -> None:
     pytest.importorskip("numpy")
     script = tmp_path / "t.py"

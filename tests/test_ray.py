@@ -1,5 +1,5 @@
 """The Ray backend against a real 3-node Ray cluster on loopback (tests/raycluster.py).
-DDP across nodes, the loss of a node under it and a hang snapshotted on each replica's
+DDP across nodes, the loss of a node under it and a hang's stacks dumped on each replica's
 node are tested on hosts that share nothing (tests/test_hosts.py)."""
 
 from __future__ import annotations

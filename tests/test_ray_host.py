@@ -11,19 +11,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import alive, child
 
-from trainguard.backends.ray.host import ENV_FAULTHANDLER_FILE, ReplicaHost
+from trainguard.backends.ray.host import ReplicaHost
 from trainguard.backends.ray.node_zygote import NodeZygote
 from trainguard.backends.ray.placement import bundle_of
-from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV
 from trainguard.classify.classes import ExitEvidence, FailureClass
 from trainguard.classify.exits import classify_exit
 from trainguard.policy.actions import RestartJob
 from trainguard.policy.budgets import Budgets, Failure
 from trainguard.policy.decisions import decide_failure
-from trainguard.records.checkpoints import write_marker
 from trainguard.spec.models import FaultTolerance, Resources
+from trainguard.storage.checkpoints import write_marker
+from trainguard.storage.env import ENV_CHECKPOINT_DIR, ENV_FAULTHANDLER_FILE, ENV_STORAGE_CHECK
 
 
 def _drain(host: ReplicaHost, deadline_s: float = 20) -> tuple[bytes, int]:
@@ -37,6 +38,7 @@ def _drain(host: ReplicaHost, deadline_s: float = 20) -> tuple[bytes, int]:
     raise AssertionError(f"no exit within {deadline_s}s; output so far {out!r}")
 
 
+@pytest.mark.slow
 def test_the_host_runs_a_command_and_hands_over_output_and_exit_code(tmp_path: object) -> None:
     host = ReplicaHost()
     info = host.start(child("*:print:one", "*:print:two", "*:exit:3"), {"RANK": "0"}, "/")
@@ -46,6 +48,7 @@ def test_the_host_runs_a_command_and_hands_over_output_and_exit_code(tmp_path: o
     assert out.decode().splitlines() == ["one", "two"] and code == 3
 
 
+@pytest.mark.slow
 def test_a_signal_reaches_the_replicas_group_and_the_exit_says_so() -> None:
     host = ReplicaHost()
     info = host.start(child("*:print:up", "*:forever"), {}, "/")
@@ -58,6 +61,7 @@ def test_a_signal_reaches_the_replicas_group_and_the_exit_says_so() -> None:
     assert not alive(int(info["pid"]))
 
 
+@pytest.mark.slow
 def test_spawn_errors_name_what_is_missing_on_the_node() -> None:
     host = ReplicaHost()
     assert "command not found" in host.start(["/nope/python"], {}, "/")["error"]
@@ -89,11 +93,12 @@ def test_a_lost_node_is_retryable_on_its_own_budget() -> None:
     assert stopped.failure_class is FailureClass.NODE_LOST
 
 
+@pytest.mark.slow
 def test_a_host_that_does_not_see_the_storage_refuses_to_start(tmp_path: Path) -> None:
     """The master's marker missing (a folder on another machine's disk) or another job's:
     no replica starts there, and the error names this host and the storage."""
     storage = tmp_path / "ck"
-    env = {CHECKPOINT_DIR_ENV: str(storage), STORAGE_CHECK_ENV: "tg-token-1"}
+    env = {ENV_CHECKPOINT_DIR: str(storage), ENV_STORAGE_CHECK: "tg-token-1"}
     host = ReplicaHost()
     err = host.start(child("*:print:trained"), env, "/")["error"]
     assert f"host {socket.gethostname()} does not see the checkpoint storage {storage}" in err
@@ -107,6 +112,7 @@ def test_a_host_that_does_not_see_the_storage_refuses_to_start(tmp_path: Path) -
     assert (out, code) == (b"trained\n", 0)
 
 
+@pytest.mark.slow
 def test_stacks_go_to_a_file_on_the_node_when_the_masters_folder_is_not_there(
     tmp_path: Path,
 ) -> None:
@@ -129,15 +135,7 @@ def test_stacks_go_to_a_file_on_the_node_when_the_masters_folder_is_not_there(
     assert where.read_text() == str(here)  # one machine: the master's own file
 
 
-def test_the_hosts_names_for_the_sdks_variables_are_the_sdks() -> None:
-    from trainguard import sdk
-
-    assert (ENV_FAULTHANDLER_FILE, CHECKPOINT_DIR_ENV) == (
-        sdk.ENV_FAULTHANDLER_FILE,
-        sdk.ENV_CHECKPOINT_DIR,
-    )
-
-
+@pytest.mark.slow
 def test_a_node_zygote_forks_replicas_whose_output_and_exit_reach_the_host(
     tmp_path: Path,
 ) -> None:

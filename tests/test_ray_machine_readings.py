@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.api import BackendEvent, Launch, ReplicaExited
+from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited
 from trainguard.backends.ray.backend import RayBackend, _Run
 from trainguard.backends.ray.exit_probe import ExitProbe, seen_here
 from trainguard.classify.readings import Finding, MachineReading, Source, to_json

@@ -6,9 +6,12 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from conftest import TG, alive, child, read_pid, wait_for
 
 from trainguard.records.store import Store
+
+pytestmark = pytest.mark.slow  # real jobs and masters
 
 FOREVER_ON_FIRST_ATTEMPT = ("*:print:attempt {attempt}", "*@0:pidfile:{pids}", "*@0:forever")
 

@@ -14,7 +14,7 @@ from trainguard.records.rows import (
     ProgressRow,
     RestartRow,
     RunRow,
-    SnapshotRow,
+    StackDumpRow,
     TransitionRow,
     _Row,
 )
@@ -27,7 +27,7 @@ ROWS: dict[str, type[_Row]] = {
     "replica_runs": RunRow,
     "transitions": TransitionRow,
     "restart_records": RestartRow,
-    "stack_snapshots": SnapshotRow,
+    "stack_snapshots": StackDumpRow,
     "progress": ProgressRow,
     "events": EventRow,
     "failure_records": FailureRow,

@@ -88,6 +88,7 @@ def test_what_cannot_start_is_a_spec_error(pool: dict[str, object], problem: str
     assert any(problem in p for p in exc.value.problems), exc.value.problems
 
 
+@pytest.mark.slow
 def test_a_bad_variable_name_in_a_spec_file_exits_2_naming_the_field(
     tg: TG, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ from sdk_harness import (  # noqa: F401  (fixtures)
 from trainguard import sdk
 from trainguard.backends.net import free_port
 from trainguard.master import sdk_channel as sdk_server
-from trainguard.master.sdk_channel import new_token
+from trainguard.storage.ids import new_token
 
 pytestmark = pytest.mark.filterwarnings("error::trainguard.sdk.SdkWarning")
 
@@ -291,6 +291,7 @@ REPLICA_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_replica_process_reaches_the_master(under_trainguard: Master, tmp_path: Path) -> None:
     dump = tmp_path / "stacks.txt"
     env = {**os.environ, sdk.ENV_FAULTHANDLER_FILE: str(dump)}
@@ -326,6 +327,7 @@ IMPORT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_import_is_fast_and_light() -> None:
     """Training code pays milliseconds for the import; http.client waits for the first call."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}

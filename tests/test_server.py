@@ -18,6 +18,8 @@ from conftest import TG, alive, child, wait_for
 
 from trainguard.states import JobState
 
+pytestmark = pytest.mark.slow  # a real server process
+
 
 class Server:
     """A running server on a free port, and the CLI pointed at it."""

@@ -120,6 +120,8 @@ def test_a_2_node_ddp_job_survives_the_loss_of_a_node(
         sys.executable,
         EXAMPLE,
         *ARGS,
+        "--step-time",  # slower than the baseline's (same weights): under load the job must
+        "0.2",  # not finish between the status that saw step 30 and the kill
         "--ckpt-dir",
         str(shared / "ckpt"),
         "--out",
@@ -226,7 +228,7 @@ def test_scancel_ends_every_step(slurm: SlurmCluster, shared: Path) -> None:
     assert "SIGTERM from Slurm" in (shared / "out.txt").read_text()
 
 
-def test_a_hang_is_snapshotted_on_its_node(slurm: SlurmCluster, shared: Path) -> None:
+def test_a_hangs_stacks_are_dumped_on_its_node(slurm: SlurmCluster, shared: Path) -> None:
     proc = _job(
         slurm,
         shared,
@@ -254,7 +256,7 @@ def test_a_hang_is_snapshotted_on_its_node(slurm: SlurmCluster, shared: Path) ->
     _finish(proc, 180)
     tg = _reader(shared)
     stacks: list[dict[str, Any]] = tg.json("stacks", "hang")
-    assert stacks, "no stack snapshot was taken"
+    assert stacks, "no stack dump was taken"
     report = json.dumps(stacks)
     assert "_stall_forever" in report, report[:3000]  # rank 1's own frame, on tg-host-1
     diagnosis = {r["replica"]: r for r in stacks[0]["report"]["replicas"]}

@@ -11,7 +11,7 @@ import errno
 
 import pytest
 
-from trainguard.backends.api import ReplicaExited
+from trainguard.backends.interface import ReplicaExited
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.backend import SlurmBackend
 from trainguard.backends.slurm.cluster import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.backends.slurm.node_probe import (
     MARKER,
     machine_lines,

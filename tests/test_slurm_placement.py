@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.backends.slurm.cluster import SlurmError, allocation_from_env, parse_node
 from trainguard.backends.slurm.placement import place, srun_argv
 from trainguard.cli.parser import build_parser
@@ -106,6 +106,7 @@ def test_a_slurm_spec_whose_replicas_do_not_fill_its_nodes() -> None:
         validate_spec(data)
 
 
+@pytest.mark.slow
 def test_the_stacks_step_finds_the_replicas_own_process_not_its_children() -> None:
     import os
     import signal

@@ -32,7 +32,8 @@ def test_srun_runs_a_task_on_each_of_the_three_nodes(slurm: SlurmCluster) -> Non
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.split()) == ["tg-host-0", "tg-host-1", "tg-host-2"]
     assert slurm.names == ["tg-host-0", "tg-host-1", "tg-host-2"]
-    assert slurm.node_state("tg-host-1") == "IDLE"
+    # IDLE once the job's epilog is through (IDLE+COMPLETING a moment longer on a busy machine)
+    wait_for(lambda: slurm.node_state("tg-host-1") == "IDLE", 30, "tg-host-1 IDLE")
     conf = slurm.scontrol("show", "config")
     assert re.search(r"ProctrackType\s+= proctrack/linuxproc", conf)
     node = slurm.scontrol("show", "node", "tg-host-2")
@@ -71,7 +72,9 @@ def test_scancel_ends_the_jobs_steps_on_every_node(slurm: SlurmCluster) -> None:
 
 
 def test_a_steps_exit_code_and_signal_come_back_through_srun(slurm: SlurmCluster) -> None:
-    res = slurm.run(["srun", "-N1", "bash", "-c", "exit 3"])
+    # on tg-host-0 each time, as the messages pinned below say (the scheduler may pick
+    # another node while the previous step is still completing there)
+    res = slurm.run(["srun", "-N1", "-w", "tg-host-0", "bash", "-c", "exit 3"])
     assert (res.returncode, res.stderr) == (
         3,
         "srun: error: tg-host-0: task 0: Exited with exit code 3\n",
@@ -80,13 +83,13 @@ def test_a_steps_exit_code_and_signal_come_back_through_srun(slurm: SlurmCluster
     # the signal ("Killed", strsignal's word), then "Force Terminated" the step:
     #   srun: error: tg-host-0: task 0: Killed
     #   srun: Force Terminated StepId=<job>.0
-    res = slurm.run(["srun", "-N1", "bash", "-c", "kill -9 $$"])
+    res = slurm.run(["srun", "-N1", "-w", "tg-host-0", "bash", "-c", "kill -9 $$"])
     assert res.returncode == 137
     assert re.fullmatch(
         r"srun: error: tg-host-0: task 0: Killed\nsrun: Force Terminated StepId=\d+\.0\n",
         res.stderr,
     ), res.stderr
-    res = slurm.run(["srun", "-N1", "bash", "-c", "kill -TERM $$"])  # SIGTERM: 143
+    res = slurm.run(["srun", "-N1", "-w", "tg-host-0", "bash", "-c", "kill -TERM $$"])  # 143
     assert res.returncode == 143
     assert re.fullmatch(
         r"srun: error: tg-host-0: task 0: Terminated\nsrun: Force Terminated StepId=\d+\.0\n",

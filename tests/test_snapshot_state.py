@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.records import snapshot_state, snapshots
+from trainguard.storage import snapshot_state, snapshots
 
 torch: Any = pytest.importorskip("torch")  # the torch extra; a base install skips this file
 

@@ -12,8 +12,8 @@ import pytest
 
 from trainguard import sdk
 from trainguard.master.snapshot_keeper import SnapshotKeeper
-from trainguard.records import checkpoints, snapshots
-from trainguard.records.snapshots import KEEP, due, load, newest_complete, read, step_dir, write
+from trainguard.storage import checkpoints, snapshots
+from trainguard.storage.snapshots import KEEP, due, load, newest_complete, read, step_dir, write
 
 
 def _all(root: Path, step: int, world: int = 2, attempt: int = 0) -> None:

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from conftest import TG, alive, child, wait_for
 
-from trainguard.backends.api import BackendEvent, Launch, ReplicaExited, ReplicaStarted
 from trainguard.backends.childwatch import pidfd_child_watcher
 from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaStarted
 from trainguard.backends.local.backend import LocalBackend
+
+pytestmark = pytest.mark.slow  # real replicas and guardians
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trainguard.errors import SpecError
+from trainguard.spec.frameworks import RULES
 from trainguard.spec.models import (
     ExecutionMode,
     FaultTolerantPolicy,
@@ -57,7 +58,7 @@ def test_minimal_spec_gets_defaults() -> None:
     assert ft.max_num_of_same_error == 10
     assert ft.max_tolerated_failure_rate is None
     assert ft.enable_job_hang_detection is True  # off in AIMaster; on here (harmless at 1800 s)
-    assert ft.job_hang_interval == 1800
+    assert ft.job_hang_interval_s == 1800
 
 
 @pytest.mark.parametrize(
@@ -174,8 +175,8 @@ def test_minimal_spec_gets_defaults() -> None:
             ["fault_tolerance.max_tolerated_failure_rate: must be <= 1, got 2"],
         ),
         (
-            _spec(fault_tolerance={"job_hang_interval": 0}),
-            ["fault_tolerance.job_hang_interval: must be >= 0.5, got 0"],
+            _spec(fault_tolerance={"job_hang_interval_s": 0}),
+            ["fault_tolerance.job_hang_interval_s: must be >= 0.5, got 0"],
         ),
         ([POOL], ["job spec: must be a mapping, got list"]),
         (None, ["job spec: must be a mapping, got NoneType"]),
@@ -297,6 +298,53 @@ def test_success_policy_case_insensitive(value: str, expected: SuccessPolicy) ->
 def test_max_tolerated_failure_rate(value: Any, expected: float | None) -> None:
     spec = validate_spec(_spec(fault_tolerance={"max_tolerated_failure_rate": value}))
     assert spec.fault_tolerance.max_tolerated_failure_rate == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ("job_hang_interval", "job_hang_interval_s"),
+        ("job_exit_hang_interval", "job_exit_hang_interval_s"),
+    ],
+)
+@pytest.mark.parametrize("framework", ["pytorch", "batch"])  # batch: a preset's defaults too
+def test_a_duration_keeps_its_older_spelling(given: str, field: str, framework: str) -> None:
+    """AIMaster's (and trainguard's former) spelling still sets the field, and a problem
+    names the key as the spec wrote it."""
+    spec = validate_spec(_spec(framework=framework, fault_tolerance={given: 42}))
+    assert getattr(spec.fault_tolerance, field) == 42
+    assert _problems(_spec(fault_tolerance={given: 0})) == [
+        f"fault_tolerance.{given}: must be >= 0.5, got 0"
+    ]
+    assert _problems(_spec(fault_tolerance={given: True})) == [
+        f"fault_tolerance.{given}: must be a number, got true"
+    ]
+    assert _problems(_spec(fault_tolerance={given: 5, field: 6})) == [
+        f"fault_tolerance.{field}: given twice, also as {given}; give one of them"
+    ]
+
+
+def test_a_presets_default_never_meets_an_older_spelling_of_its_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = type(RULES["batch"])
+    monkeypatch.setattr(batch, "ft_defaults", {**batch.ft_defaults, "job_hang_interval_s": 99})
+    spec = validate_spec(_spec(framework="batch", fault_tolerance={"job_hang_interval": 42}))
+    assert spec.fault_tolerance.job_hang_interval_s == 42
+    assert validate_spec(_spec(framework="batch")).fault_tolerance.job_hang_interval_s == 99
+
+
+@pytest.mark.parametrize("off", [False, "False", "false"])
+def test_c4d_off_is_accepted_as_what_trainguard_does(off: Any) -> None:
+    spec = validate_spec(_spec(fault_tolerance={"enable_c4d_hang_detection": off}))
+    assert spec.fault_tolerance == validate_spec(_spec()).fault_tolerance
+
+
+@pytest.mark.parametrize("on", [True, "True", 1])
+def test_c4d_on_is_refused_saying_why(on: Any) -> None:
+    (line,) = _problems(_spec(fault_tolerance={"enable_c4d_hang_detection": on}))
+    assert line.startswith("fault_tolerance.enable_c4d_hang_detection: C4D is Alibaba Cloud's")
+    assert "trainguard has none" in line
 
 
 def test_spec_is_frozen() -> None:

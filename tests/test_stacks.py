@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.hangs.progress import straggler_report
-from trainguard.hangs.stack_model import Frame, ReplicaSnapshot, StackReport, ThreadStack
+from trainguard.hangs.stack_model import Frame, ReplicaStacks, StackReport, ThreadStack
 from trainguard.hangs.stack_parsers import parse_faulthandler, parse_py_spy_json
 from trainguard.hangs.stacks import aggregate, in_collective, render
+from trainguard.hangs.stragglers import straggler_report
 
 PYSPY = Path(__file__).parent / "fixtures" / "pyspy"
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
 
 
-def fixture_snaps(native: bool) -> list[ReplicaSnapshot]:
+def fixture_snaps(native: bool) -> list[ReplicaStacks]:
     """The real 2-rank DDP hang: rank 1 sleeps in _stall_forever, rank 0 waits in backward."""
     suffix = ".native.json" if native else ".json"
     return [
@@ -26,8 +26,8 @@ def fixture_snaps(native: bool) -> list[ReplicaSnapshot]:
     ]
 
 
-def snap(replica: str, rank: int, threads: tuple[ThreadStack, ...]) -> ReplicaSnapshot:
-    return ReplicaSnapshot(replica, rank, 1000 + rank, "py-spy", True, None, 12.5, threads)
+def snap(replica: str, rank: int, threads: tuple[ThreadStack, ...]) -> ReplicaStacks:
+    return ReplicaStacks(replica, rank, 1000 + rank, "py-spy", True, None, 12.5, threads)
 
 
 def py(name: str, filename: str, line: int) -> Frame:
@@ -215,11 +215,11 @@ def test_two_ranks_in_different_collectives_cannot_be_told_apart() -> None:
     assert aggregate(snaps).culprits == ()
 
 
-def test_a_failed_snapshot_is_unknown() -> None:
-    failed = ReplicaSnapshot("w1", 1, 1001, "py-spy", False, "cannot attach", 3.0, ())
+def test_a_failed_stack_dump_is_unknown() -> None:
+    failed = ReplicaStacks("w1", 1, 1001, "py-spy", False, "cannot attach", 3.0, ())
     report = aggregate([snap("w0", 0, (main_thread(*in_all_reduce()),)), failed])
     assert report.replicas[1].state == "unknown"
-    assert report.replicas[1].reason == "snapshot failed: cannot attach"
+    assert report.replicas[1].reason == "stack dump failed: cannot attach"
     assert report.culprits == ()
 
 
@@ -254,7 +254,18 @@ def test_report_round_trips_through_json() -> None:
     again = StackReport.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again == report
     for s in fixture_snaps(native=True):
-        assert ReplicaSnapshot.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+        assert ReplicaStacks.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_a_report_stored_before_pace_had_its_name_reads_back() -> None:
+    """Reports stored before issue 39 call a replica's pace "progress"."""
+    report = aggregate(fixture_snaps(native=True), {"worker-0": "stuck"})
+    stored = report.to_dict()
+    for d in stored["replicas"]:
+        d["progress"] = d.pop("pace")
+    again = StackReport.from_dict(json.loads(json.dumps(stored)))
+    assert [d.pace for d in again.replicas] == [d.pace for d in report.replicas]
+    assert "stuck" in [d.pace for d in again.replicas]
 
 
 def test_render_marks_the_culprit() -> None:

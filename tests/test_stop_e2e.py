@@ -10,10 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TG, alive, child, read_pid, wait_for
 from test_local_e2e import run
 
 from trainguard.records.store import Store
+
+pytestmark = pytest.mark.slow  # real jobs
 
 
 def test_a_replica_that_ignores_sigterm_is_killed_after_the_grace_period(tg: TG) -> None:

@@ -15,14 +15,15 @@ import pytest
 from conftest import needs, wait_for
 
 from trainguard.backends.net import free_port
-from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV, STORAGE_CHECK_ENV, storage_problem
-from trainguard.records import checkpoints
+from trainguard.backends.storage_check import storage_problem
+from trainguard.storage import checkpoints
+from trainguard.storage.env import ENV_CHECKPOINT_DIR, ENV_STORAGE_CHECK
 
 MISSING = None
 for module in ("moto", "s3fs", "fsspec"):
     if importlib.util.find_spec(module) is None:
         MISSING = f"{module} is not installed (pip install 'moto[server]' s3fs)"
-pytestmark = needs(MISSING, "S3 storage tests")
+pytestmark = [pytest.mark.slow, needs(MISSING, "S3 storage tests")]  # a real S3 server
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
@@ -74,10 +75,10 @@ def test_checkpoints_commit_and_come_back_from_a_bucket(endpoint: str) -> None:
 def test_a_host_checks_the_bucket_with_the_jobs_credentials(endpoint: str) -> None:
     storage = "s3://tg-bucket/job-b"
     checkpoints.write_marker(storage, "tg-marker")
-    env = {**os.environ, CHECKPOINT_DIR_ENV: storage, STORAGE_CHECK_ENV: "tg-marker"}
+    env = {**os.environ, ENV_CHECKPOINT_DIR: storage, ENV_STORAGE_CHECK: "tg-marker"}
     assert storage_problem(env) is None
-    assert "another job's marker" in (storage_problem({**env, STORAGE_CHECK_ENV: "tg-x"}) or "")
-    elsewhere = {**env, CHECKPOINT_DIR_ENV: "s3://tg-bucket/job-never-marked"}
+    assert "another job's marker" in (storage_problem({**env, ENV_STORAGE_CHECK: "tg-x"}) or "")
+    elsewhere = {**env, ENV_CHECKPOINT_DIR: "s3://tg-bucket/job-never-marked"}
     assert "is not there" in (storage_problem(elsewhere) or "")
     # The job's credentials, not this process's: without them the check fails, and says so.
     bare = {k: v for k, v in env.items() if not k.startswith("AWS_")}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.master.sdk_channel import new_token
+from trainguard.storage.ids import new_token
 
 
 def test_a_new_token_never_reads_as_an_option() -> None:

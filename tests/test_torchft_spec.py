@@ -40,7 +40,7 @@ def test_a_torchft_spec_gets_its_lighthouse_and_one_store_per_group() -> None:
     assert [p.role for p in spec.worker_pools] == ["worker", "lighthouse", "store"]
     assert pools["lighthouse"].command[0].endswith("torchft_lighthouse")
     assert pools["store"].replicas == 3
-    assert pools["store"].command[-2:] == ["-m", "trainguard.frameworks.torchft_store"]
+    assert pools["store"].command[-2:] == ["-m", "trainguard.frameworks.torchft_tcpstore"]
     assert spec.fault_tolerance.execution_mode.value == "async"
     assert spec.success_policy.value == "all"
     # what the spec says is kept: a lighthouse of the user's own

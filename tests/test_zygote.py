@@ -99,6 +99,7 @@ print("PROBE " + json.dumps(seen, default=repr), flush=True)
 
 
 @pytest.mark.parametrize("how", ["script", "module", "code"])
+@pytest.mark.slow
 def test_a_forked_replica_sees_what_a_cold_one_sees(tg: TG, tmp_path: Path, how: str) -> None:
     """The same program cold and forked: sys.argv, sys.path[0], __main__, cwd, env, umask,
     rlimits, signal dispositions, stdin, faulthandler, multiprocessing start method."""
@@ -118,6 +119,7 @@ def test_a_forked_replica_sees_what_a_cold_one_sees(tg: TG, tmp_path: Path, how:
     assert seen[0]["argv"][1:] == ["a", "-b"] and seen[0]["name"] == "__main__"
 
 
+@pytest.mark.slow
 def test_a_command_the_zygote_cannot_run_starts_cold_and_says_why(tg: TG) -> None:
     res = tg("run", "--preload", "json", "--", sys.executable, "-O", "-c", "print('ok')")
     assert res.returncode == 0, res.stderr
@@ -129,6 +131,7 @@ def _ppid(pid: int) -> int:
     return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
+@pytest.mark.slow
 def test_forked_replicas_print_exit_restart_and_get_their_own_env(tg: TG, tmp_path: Path) -> None:
     pids = tmp_path / "pid"
     res = tg(
@@ -172,6 +175,7 @@ def _replicas_and_zygote(master: int, pids: Path) -> tuple[list[int], int]:
     return replicas, zygote
 
 
+@pytest.mark.slow
 def test_a_killed_master_takes_the_zygote_and_its_replicas_along(tg: TG, tmp_path: Path) -> None:
     pids = tmp_path / "pid"
     proc = _two_forked_forever(tg, pids, f"*:spawn-child:{pids}")
@@ -237,6 +241,7 @@ atexit.register(lambda: (out.write("atexit\\n"), out.flush()))
 """
 
 
+@pytest.mark.slow
 def test_a_forked_replica_ends_as_python_does(tg: TG, tmp_path: Path) -> None:
     """Threads that are not daemons are waited for, then the atexit handlers run."""
     script = tmp_path / "ending.py"
@@ -279,6 +284,7 @@ def test_a_forked_replica_gets_the_thread_counts_and_devices_its_env_asks_for(
         assert cold[0][0] == f"ENV 3 0 {omp} [{omp}] 0"
 
 
+@pytest.mark.slow
 def test_a_preload_that_starts_a_thread_is_refused_and_the_job_runs_cold(
     tg: TG, tmp_path: Path
 ) -> None:

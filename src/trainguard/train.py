@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainguard import sdk
+from trainguard.storage.env import ENV_JOB_ID
 
 
 class Checkpoint:
@@ -78,7 +79,7 @@ class TrainContext:
         return _env_int("GROUP_RANK", 0)
 
     def get_experiment_name(self) -> str:
-        return os.environ.get("TRAINGUARD_JOB_ID", "")
+        return os.environ.get(ENV_JOB_ID, "")
 
 
 def get_context() -> TrainContext:

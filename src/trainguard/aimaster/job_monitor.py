@@ -11,8 +11,8 @@
     def train(): ...
 
 `job_hang_interval` is AIMaster's job-wide interval: no heartbeat or output from the job
-for that long is a hang (trainguard's `fault_tolerance.job_hang_interval`, changed at run
-time). Other AIMaster parameters are launch options here (`--aimaster-args`, the job spec):
+for that long is a hang (trainguard's `fault_tolerance.job_hang_interval_s`, changed at
+run time). Other AIMaster parameters are launch options here (`--ft-args`, the job spec):
 given to a config they are kept and said once to have no effect at run time. Outside
 trainguard every call does nothing and says so once (trainguard.sdk's warning), so the
 same script runs under plain torchrun; the statuses then say nothing was sent.
@@ -84,7 +84,7 @@ class Monitor:
         if ignored:
             warnings.warn(
                 f"trainguard.aimaster: {', '.join(ignored)} cannot change while the job runs "
-                "(set them in the job spec or --aimaster-args); ignored",
+                "(set them in the job spec or --ft-args); ignored",
                 sdk.SdkWarning,
                 stacklevel=2,
             )

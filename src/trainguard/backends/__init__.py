@@ -1,6 +1,6 @@
 """Backends: the one seam between the master and processes or machines."""
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     Backend,
     BackendEvent,
     Launch,

@@ -33,11 +33,6 @@ def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
         return int(s.getsockname()[1])
 
 
-async def listens(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    """Whether something accepts a TCP connection at host:port now."""
-    return await connect_error(host, port, timeout_s) is None
-
-
 async def connect_error(
     host: str, port: int, timeout_s: float = 0.5
 ) -> OSError | TimeoutError | None:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 
 from trainguard.backends.slurm.cluster import SlurmError, allocation_from_env
+from trainguard.errors import SpecError
 
 RAY_EXTRA = "pip install trainguard[ray]"
 
@@ -28,3 +29,11 @@ def backend_problem(backend: str, env: Mapping[str, str] | None = None) -> str |
         except ImportError as exc:
             return f"backend ray needs Ray, and `import ray` fails here ({exc}): {RAY_EXTRA}"
     return None
+
+
+def refuse_unless_ready(backend: str) -> None:
+    """SpecError (one line, exit 2) where the spec's backend cannot run from here: before
+    anything is stored, so nothing is left INTERRUPTED or failed attempt after attempt."""
+    problem = backend_problem(backend)
+    if problem is not None:
+        raise SpecError([problem])

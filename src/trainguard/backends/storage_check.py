@@ -3,7 +3,7 @@ starts a replica (a folder on the master's own disk is empty on every other mach
 replica there would find no checkpoint and silently start again from step 0).
 
 The master writes a marker with a random token into the storage at the job's start
-(`records.checkpoints.write_marker`) and hands each replica the token; a host that reads
+(`storage.checkpoints.write_marker`) and hands each replica the token; a host that reads
 the same token back sees the same storage. Standard library and fsspec only: this runs
 on every node, inside the replica host (a URL in a process of its own, with the replica's
 environment: that is where the object store's credentials are).
@@ -17,9 +17,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-STORAGE_CHECK = ".trainguard-storage-check"
-STORAGE_CHECK_ENV = "TRAINGUARD_STORAGE_CHECK"  # the marker's token, in each replica's env
-CHECKPOINT_DIR_ENV = "TRAINGUARD_CHECKPOINT_DIR"  # = trainguard.sdk.ENV_CHECKPOINT_DIR
+from trainguard.storage.checkpoints import STORAGE_CHECK
+from trainguard.storage.env import ENV_CHECKPOINT_DIR, ENV_STORAGE_CHECK
 
 
 def _read(storage: str) -> bytes:
@@ -75,7 +74,7 @@ def _in_env(storage: str, token: str, env: Mapping[str, str]) -> str | None:
 def storage_problem(env: Mapping[str, str]) -> str | None:
     """Why this host cannot use the job's checkpoint storage, in one line; None if it can
     (or the master asked for no check)."""
-    storage, token = env.get(CHECKPOINT_DIR_ENV), env.get(STORAGE_CHECK_ENV)
+    storage, token = env.get(ENV_CHECKPOINT_DIR), env.get(ENV_STORAGE_CHECK)
     if not storage or not token:
         return None
     why = marker_problem(storage, token) if "://" not in storage else _in_env(storage, token, env)

@@ -226,7 +226,6 @@ def hang_failure(
     idle_s: float,
     summary: str,
     where: str,
-    finished: str | None = None,
     group: tuple[int, Sequence[str]] | None = None,
 ) -> Classification:
     """A hang (no sign of life) or an exit hang (peers do not finish) is retryable.

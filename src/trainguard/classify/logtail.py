@@ -113,9 +113,3 @@ def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
         block.append(line)
     assert start is not None
     return start, found, block
-
-
-def last_exception(lines: Iterable[str]) -> str | None:
-    """The `KeyError: 'x'` line closing the last Python traceback in a log tail."""
-    hit = exception_block(lines)
-    return hit[2][0] if hit else None

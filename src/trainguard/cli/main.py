@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace, store: Store, spec: JobSpec) -> int:
-    from trainguard.master.runner import new_job_id, resume_job, run_job
+    from trainguard.master.runner import resume_job, run_job
+    from trainguard.storage.ids import new_job_id
 
     job = _resumable(store, spec.name) if args.resume else None
     with _terminal(args, store) as live:

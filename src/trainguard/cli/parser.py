@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("job", help="job id or name")
     st.add_argument(
-        "--attempt", type=_count(0, _MANY), help="the attempt (default: every snapshot)"
+        "--attempt", type=_count(0, _MANY), help="the attempt (default: every stack dump)"
     )
     st.add_argument("--json", action="store_true")
 

@@ -170,7 +170,7 @@ def cmd_stacks(args: argparse.Namespace, reader: Reader) -> int:
         return 0
     if not views:
         where = f" in attempt {args.attempt}" if args.attempt is not None else ""
-        print(f"job {args.job} has no stack snapshots{where} (they are taken when it hangs)")
+        print(f"job {args.job} has no stack dumps{where} (they are taken when it hangs)")
         return 0
     for v in views:
         print(

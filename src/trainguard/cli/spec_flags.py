@@ -1,4 +1,5 @@
-"""The flags that build a job spec (`run` and `submit` share them), and the spec they build.
+"""The flags that build a job spec (`run` and `submit` share them, made from the table in
+spec.fields), and the spec they build.
 
 A spec file, then `--ft-args`, then explicit flags: each later source wins, and a problem
 a flag caused names the flag.
@@ -13,120 +14,30 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import SpecError
-from trainguard.records.checkpoint_copy import listing
 from trainguard.spec.aimaster_flags import parse_ft_args
+from trainguard.spec.fields import AIMASTER, FIELDS, FT_FLAGGED, flag, set_field
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.limits import MAX_REPLICAS
 from trainguard.spec.models import JobSpec, load_spec_file, preload_names, validate_spec
 from trainguard.spec.text import shown
-
-# CLI flag -> fault_tolerance field (one to one; None = the flag's own name).
-_FT_FLAGS = {
-    "execution_mode": "--execution-mode",
-    "fault_tolerant_policy": "--fault-tolerant-policy",
-    "enable_job_restart": "--enable-job-restart",
-    "max_num_of_job_restart": "--max-restarts",
-    "max_replica_restarts": "--max-replica-restarts",
-    "max_transient_restarts": "--max-transient-restarts",
-    "max_uncertain_restarts": "--max-uncertain-restarts",
-    "retry_uncertain": "--retry-uncertain",
-    "enable_repeat_detection": "--enable-repeat-detection",
-    "max_num_of_same_error": "--max-num-of-same-error",
-    "max_tolerated_failure_rate": "--max-tolerated-failure-rate",
-    "enable_job_hang_detection": "--enable-job-hang-detection",
-    "job_hang_interval": "--job-hang-interval",
-    "startup_timeout_s": "--startup-timeout",
-    "enable_job_exit_hang_detection": "--enable-job-exit-hang-detection",
-    "job_exit_hang_interval": "--job-exit-hang-interval",
-    "stop_grace_period_s": "--stop-grace-period",
-}
+from trainguard.storage.checkpoint_copy import listing
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
-    """The flags that build a job spec: the same for `run` and `submit`."""
-    p.add_argument("-f", "--file", type=Path, help="job spec (YAML)")
-    p.add_argument("--job-name", dest="name", help="the job's name")
-    p.add_argument("--nproc-per-node", "--nproc", dest="nproc", help="replicas of the command")
-    p.add_argument("--framework", help=f"{', '.join(RULES)} (default pytorch)")
-    p.add_argument("--groups", help="torchft: replica groups of the command (default 1)")
-    p.add_argument(
-        "--nproc-per-group", dest="nproc_per_group", help="torchft: ranks per group (default 1)"
-    )
-    p.add_argument(
-        "--allow-partial",
-        action="store_const",
-        const=True,
-        help="batch: a shard that cannot be retried is given up and listed; the rest finish",
-    )
-    p.add_argument("--success-policy", help="chief (default) or all")
-    p.add_argument(
-        "--progress-pattern",
-        dest="progress_pattern",
-        help="read the step from output lines matching this regex: (?P<step>\\d+), and "
-        "optional named groups of metrics, e.g. 'it (?P<step>\\d+) loss (?P<loss>\\S+)'",
-    )
-    p.add_argument(
-        "--no-progress",
-        dest="no_progress",
-        action="store_const",
-        const=True,
-        help="do not read progress from the replicas' output (SDK reports only)",
-    )
-    p.add_argument(
-        "--from-checkpoint",
-        dest="initial_checkpoint",
-        metavar="PATH",
-        help="checkpoint.initial: start a new job from this checkpoint folder",
-    )
-    p.add_argument("--gpus", help="gpu_inventory: the GPU ids to use here, e.g. 0,1,2,3")
-    p.add_argument(
-        "--inject",
-        action="append",
-        dest="fault_injection",
-        metavar="SPEC",
-        help="fault_injection: e.g. signal:worker-1:SIGKILL@20s, stop:worker-0@step=50, master@30s",
-    )
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="replica env")
-    p.add_argument(
-        "--retryable-error",
-        action="append",
-        dest="retryable_errors",
-        metavar="REGEX",
-        help="fault_tolerance.retryable_errors: a log text worth a retry (repeatable)",
-    )
-    for field, flag in _FT_FLAGS.items():
-        p.add_argument(flag, dest=field, help=f"fault_tolerance.{field}")
-    p.add_argument("--ft-args", help='AIMaster arguments, e.g. "--job-execution-mode=Sync ..."')
-    p.add_argument(
-        "--preload",
-        help="preload: more modules for the warm start to import once (it finds torch, "
-        "numpy, ... itself), e.g. transformers; `none` turns warm start off",
-    )
-    p.add_argument(
-        "--no-preload",
-        action="store_true",
-        default=None,
-        help="preload: none: every replica starts its own interpreter (no warm start)",
-    )
-    p.add_argument(
-        "--backend",
-        help="backend: local (default), ray, or slurm (default inside an allocation, "
-        "with --nodes above 1)",
-    )
-    p.add_argument(
-        "--nodes",
-        help="slurm: nodes of the allocation the job uses, --nproc-per-node replicas each",
-    )
-    p.add_argument("--ray-address", help="ray.address: auto, HOST:PORT or ray://HOST:10001")
-    p.add_argument("--placement-strategy", help="ray.placement_strategy: spread or pack")
-    p.add_argument("--priority", help="queue.priority: higher runs first (server queue)")
-    p.add_argument("--max-wait", dest="max_wait_s", help="queue.max_wait_s: then EXPIRED")
-    p.add_argument(
-        "--wait-for-capacity",
-        action="store_true",
-        default=None,
-        help="queue.wait_for_capacity: wait rather than fail on a capacity shortage",
-    )
+    """The flags that build a job spec: the same for `run` and `submit`, from spec.fields."""
+    for row in FIELDS:
+        if not row.flags:
+            continue
+        kw: dict[str, Any] = {"dest": row.key, "help": row.help or row.path}
+        if row.metavar:
+            kw["metavar"] = row.metavar
+        if row.action == "switch":
+            kw.update(action="store_const", const=True)
+        elif row.action == "repeat":
+            kw["action"] = "append"
+        elif row.action == "file":
+            kw["type"] = Path
+        p.add_argument(*row.flags, **kw)
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -173,8 +84,8 @@ def _pools(data: dict[str, Any], args: argparse.Namespace, command: list[str]) -
         name = args.framework or data.get("framework") or "pytorch"
         replicas = args.nproc if args.nproc is not None else 1
         if args.nodes is not None:
-            nodes = _whole("--nodes", args.nodes)
-            per = _whole("--nproc-per-node", args.nproc or 1)
+            nodes = _whole(flag("nodes"), args.nodes)
+            per = _whole(flag("nproc"), args.nproc or 1)
             if isinstance(nodes, str) or isinstance(per, str):
                 return [p for p in (nodes, per) if isinstance(p, str)]
             replicas = nodes * per
@@ -194,30 +105,33 @@ def _pools(data: dict[str, Any], args: argparse.Namespace, command: list[str]) -
             "`trainguard run --nproc-per-node 2 -- python train.py`, or use -f job.yaml"
         ]
     if args.nproc is not None:
-        return ["--nproc-per-node: applies to a command, not to a spec's worker_pools"]
+        return [f"{flag('nproc')}: applies to a command, not to a spec's worker_pools"]
     if args.groups is not None:
-        return ["--groups: applies to a command, not to a spec's worker_pools"]
+        return [f"{flag('groups')}: applies to a command, not to a spec's worker_pools"]
     return []
 
 
 def _torchft_only(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
     if (args.framework or data.get("framework")) == "torchft":
         return []
-    flags = (("--groups", args.groups), ("--nproc-per-group", args.nproc_per_group))
-    return [f"{flag}: applies to --framework torchft only" for flag, v in flags if v is not None]
+    given = [k for k in ("groups", "nproc_per_group") if getattr(args, k) is not None]
+    return [f"{flag(k)}: applies to {flag('framework')} torchft only" for k in given]
 
 
 def _torchft_groups(data: dict[str, Any], args: argparse.Namespace) -> int | str:
     """The worker replicas of `--framework torchft --groups G --nproc-per-group N`: G*N
     (`--nproc-per-node K` alone: K groups of one rank); or what is wrong."""
     if args.groups is not None and args.nproc is not None:
-        return "--groups and --nproc-per-node: give one of them (groups x --nproc-per-group)"
+        return (
+            f"{flag('groups')} and {flag('nproc')}: give one of them "
+            f"(groups x {flag('nproc_per_group')})"
+        )
     counts: list[int] = []
-    for flag, value in (
-        ("--groups", args.groups or args.nproc),
-        ("--nproc-per-group", args.nproc_per_group),
+    for option, value in (
+        (flag("groups"), args.groups or args.nproc),
+        (flag("nproc_per_group"), args.nproc_per_group),
     ):
-        n = _whole(flag, value if value is not None else 1)
+        n = _whole(option, value if value is not None else 1)
         if isinstance(n, str):
             return n
         counts.append(n)
@@ -237,7 +151,7 @@ def _env(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            problems.append(f"--env: must be KEY=VALUE, got {shown(item)}")
+            problems.append(f"{flag('env')}: must be KEY=VALUE, got {shown(item)}")
         extra[key] = value
     data["worker_pools"] = [
         {**p, "env": {**p.get("env", {}), **extra}} if isinstance(p, dict) else p
@@ -249,11 +163,11 @@ def _env(data: dict[str, Any], args: argparse.Namespace) -> list[str]:
 def _fault_tolerance(data: dict[str, Any], args: argparse.Namespace) -> None:
     ft: dict[str, Any] = dict(data.get("fault_tolerance") or {})
     if args.ft_args:
-        ft.update(parse_ft_args(args.ft_args))
-    for field in _FT_FLAGS:
-        value = getattr(args, field)
-        if value is not None:
-            ft[field] = value
+        for name, value in parse_ft_args(args.ft_args).items():
+            set_field(ft, f"fault_tolerance.{name}", value)
+    for row in FT_FLAGGED:
+        if getattr(args, row.key) is not None:
+            set_field(ft, row.path, getattr(args, row.key))
     if args.retryable_errors:
         ft["retryable_errors"] = [*ft.get("retryable_errors", []), *args.retryable_errors]
     data["fault_tolerance"] = ft
@@ -277,9 +191,9 @@ def _a_checkpoint(path: Path) -> None:
     try:
         files = listing(path).files
     except (ValueError, OSError) as e:
-        raise SpecError([f"--from-checkpoint: {e}"]) from None
+        raise SpecError([f"{flag('initial_checkpoint')}: {e}"]) from None
     if not files:
-        raise SpecError([f"--from-checkpoint: {shown(str(path))} holds no file"])
+        raise SpecError([f"{flag('initial_checkpoint')}: {shown(str(path))} holds no file"])
 
 
 def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
@@ -289,7 +203,8 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     if args.initial_checkpoint is not None:
         path = Path(args.initial_checkpoint)
         if not path.is_dir():
-            raise SpecError([f"--from-checkpoint: not a folder: {shown(args.initial_checkpoint)}"])
+            where = shown(args.initial_checkpoint)
+            raise SpecError([f"{flag('initial_checkpoint')}: not a folder: {where}"])
         _a_checkpoint(path)
         data["checkpoint"] = {**(data.get("checkpoint") or {}), "initial": str(path.resolve())}
     if args.fault_injection:
@@ -298,7 +213,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
         data, "ray", args, {"address": "ray_address", "placement_strategy": "placement_strategy"}
     )
     if args.preload is not None and args.no_preload:
-        raise SpecError(["--preload and --no-preload: give one of them"])
+        raise SpecError([f"{flag('preload')} and {flag('no_preload')}: give one of them"])
     if args.no_preload:
         data["preload"] = []
     elif args.preload is not None:
@@ -322,14 +237,14 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
 
 
-def _whole(flag: str, value: object) -> int | str:
+def _whole(option: str, value: object) -> int | str:
     """A count from 1 to MAX_REPLICAS from a flag, or what is wrong with it."""
     text = str(value).strip()
     if not text.lstrip("-").isdecimal():
-        return f"{flag}: must be a whole number, got {shown(text)}"
+        return f"{option}: must be a whole number, got {shown(text)}"
     n = int(text) if len(text) <= 20 else MAX_REPLICAS + 1  # int() refuses 4300 digits
     if not 1 <= n <= MAX_REPLICAS:
-        return f"{flag}: must be 1 to {MAX_REPLICAS}, got {shown(text)}"
+        return f"{option}: must be 1 to {MAX_REPLICAS}, got {shown(text)}"
     return n
 
 
@@ -340,7 +255,7 @@ def _many_nodes(data: dict[str, Any]) -> bool:
 
 def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:
     if args.progress_pattern is not None and args.no_progress:
-        raise SpecError(["--progress-pattern and --no-progress: give one of them"])
+        raise SpecError([f"{flag('progress_pattern')} and {flag('no_progress')}: give one of them"])
     before = data.get("progress")
     section = dict(before) if isinstance(before, dict) else {}
     if isinstance(before, str):  # the shorthand: a keyword or a pattern
@@ -356,29 +271,26 @@ def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def _name_the_flag(line: str, args: argparse.Namespace) -> str:
-    """`fault_tolerance.max_num_of_job_restart: ...` also names the flag that set it."""
-    flags = {f"fault_tolerance.{f}": flag for f, flag in _FT_FLAGS.items()}
-    flags.update(name="--job-name", framework="--framework", success_policy="--success-policy")
-    flags["allow_partial"] = "--allow-partial"
-    flags["gpu_inventory"] = "--gpus"
-    flags.update({"queue.priority": "--priority", "queue.max_wait_s": "--max-wait"})
-    flags.update({"backend": "--backend", "ray.placement_strategy": "--placement-strategy"})
-    flags["preload"] = "--preload"
-    flags["progress.pattern"] = "--progress-pattern"
-    flags["slurm.nodes"] = "--nodes"
+    """`fault_tolerance.max_num_of_job_restart: ...` also names the flag that set it (an
+    explicit flag, else the `--ft-args` one), as `fault_injection[1]: ...` names the flag
+    that gave that item."""
     field = line.split(":", 1)[0]
-    for prefix, dest, flag in (
-        ("fault_injection", "fault_injection", "--inject"),
-        ("fault_tolerance.retryable_errors", "retryable_errors", "--retryable-error"),
-    ):
-        if field.startswith(prefix) and getattr(args, dest, None):
-            return f"{line} (from {flag})"
-    if ".env" in field and _from_env_flag(field, line, args.env):
-        return f"{line} (from --env)"
-    dest = {"progress.pattern": "progress_pattern"}.get(field, field.rsplit(".", 1)[-1])
-    if field in flags and getattr(args, dest, None) is not None:
-        return f"{line} (from {flags[field]})"
+    for row in FIELDS:
+        given = getattr(args, row.key, None)
+        if row.path and row.flags and given is not None and _under(field, row.path):
+            return f"{line} (from {row.flag})"
+    from_ft_args = parse_ft_args(args.ft_args) if args.ft_args else {}  # it parsed before
+    for name, row in AIMASTER.items():
+        if row.name in from_ft_args and _under(field, row.path):
+            return f"{line} (from {flag('ft_args')} --{name})"
+    if ".env" in field and _from_env_flag(field, line, args.env or []):
+        return f"{line} (from {flag('env')})"
     return line
+
+
+def _under(field: str, path: str) -> bool:
+    """`field` is the field at `path`, or an item or a part of it."""
+    return field == path or field.startswith((f"{path}.", f"{path}["))
 
 
 def _from_env_flag(field: str, line: str, items: list[str]) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainguard.frameworks import EnvContext, Preset
 from trainguard.spec.models import JobSpec
+from trainguard.storage.env import ENV_JOB_ID, ENV_REPLICA, ENV_RESTART_COUNT
 
 # The replica whose success is the job's comes first (rank 0).
 _PRIMARY_ROLES = ("chief", "launcher")
@@ -54,9 +55,9 @@ def replica_env(
     env = preset.env(ctx)
     env.update(
         {
-            "TRAINGUARD_JOB_ID": ctx.job_id,
-            "TRAINGUARD_REPLICA": ctx.plan.name,
-            "TRAINGUARD_RESTART_COUNT": str(ctx.restart_count),
+            ENV_JOB_ID: ctx.job_id,
+            ENV_REPLICA: ctx.plan.name,
+            ENV_RESTART_COUNT: str(ctx.restart_count),
             # Line-buffered output so logs (and hang detection) see lines as they are printed.
             "PYTHONUNBUFFERED": "1",
         }

@@ -1,14 +1,14 @@
-"""Hang detection and diagnosis: the watch over signs of life, stack snapshots, their parsers and
-the culprit rules, and progress estimates.
+"""Hang detection and diagnosis: the watch over signs of life, stack dumps, their parsers and
+the culprit rules, and stragglers (each replica's pace, from its heartbeats).
 """
 
 __all__ = [
     "diagnose",
     "group_watch",
-    "progress",
-    "snapshot",
+    "stack_dumps",
     "stack_model",
     "stack_parsers",
     "stacks",
+    "stragglers",
     "watch",
 ]

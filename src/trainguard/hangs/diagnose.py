@@ -7,21 +7,21 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.hangs.progress import straggler_report
-from trainguard.hangs.snapshot import snapshot_all
-from trainguard.hangs.stack_model import ReplicaSnapshot, StackReport
+from trainguard.hangs.stack_dumps import dump_stacks
+from trainguard.hangs.stack_model import ReplicaStacks, StackReport
 from trainguard.hangs.stacks import aggregate
+from trainguard.hangs.stragglers import straggler_report
 
 _IMPORT = "importlib._bootstrap"  # py-spy's and faulthandler's name for import machinery
 
-SNAPSHOT_TIMEOUT_S = 10.0
-"""A snapshot that takes longer is given up: recovery must not wait on diagnosis."""
+DUMP_TIMEOUT_S = 10.0
+"""A stack dump that takes longer is given up: recovery must not wait on diagnosis."""
 
 
 @dataclass(frozen=True)
 class Diagnosis:
     report: StackReport
-    snapshots: tuple[ReplicaSnapshot, ...]
+    stacks: tuple[ReplicaStacks, ...]
     duration_ms: float
     culprit: str | None
     where: str  # the culprit's innermost own frame, e.g. "_stall_forever (train.py:73)"
@@ -29,7 +29,7 @@ class Diagnosis:
     def importing(self) -> tuple[str, ...]:
         """The replicas whose main thread is inside an import: still starting, not hung."""
         out = []
-        for snap in self.snapshots:
+        for snap in self.stacks:
             main = [t for t in snap.threads if t.thread_name == "MainThread"] or list(snap.threads)
             if any(_IMPORT in f.filename for t in main[:1] for f in t.frames):
                 out.append(snap.replica)
@@ -45,17 +45,17 @@ def _where(report: StackReport, replica: str | None) -> str:
     return ""
 
 
-Snapshotter = Callable[
+StackDumper = Callable[
     [Sequence[tuple[str, int, int]], float, Mapping[str, Path]],
-    Awaitable[list[ReplicaSnapshot]],
+    Awaitable[list[ReplicaStacks]],
 ]
-"""Takes the stacks where the replicas run: the backend's `snapshot`."""
+"""Takes the stacks where the replicas run: the backend's `dump_stacks`."""
 
 
 async def _local(
     targets: Sequence[tuple[str, int, int]], timeout_s: float, files: Mapping[str, Path]
-) -> list[ReplicaSnapshot]:
-    return await snapshot_all(targets, timeout_s=timeout_s, faulthandler_files=files)
+) -> list[ReplicaStacks]:
+    return await dump_stacks(targets, timeout_s=timeout_s, faulthandler_files=files)
 
 
 async def diagnose(
@@ -63,15 +63,15 @@ async def diagnose(
     beats: Mapping[str, Sequence[tuple[int, float]]],
     faulthandler_files: Mapping[str, Path],
     clock: Callable[[], float] = time.time,
-    snapshotter: Snapshotter = _local,
+    dumper: StackDumper = _local,
 ) -> Diagnosis:
     t0 = time.monotonic()
-    snaps = await snapshotter(targets, SNAPSHOT_TIMEOUT_S, faulthandler_files)
-    progress = straggler_report(beats, clock())
+    snaps = await dumper(targets, DUMP_TIMEOUT_S, faulthandler_files)
+    pace = straggler_report(beats, clock())
     for snap in snaps:
         if snap.tool.endswith("(process stopped)"):
-            progress[snap.replica] = "stuck"  # SIGSTOPped: it cannot be anything else
-    report = aggregate(snaps, progress)
+            pace[snap.replica] = "stuck"  # SIGSTOPped: it cannot be anything else
+    report = aggregate(snaps, pace)
     culprit = report.culprits[0] if report.culprits else None
     return Diagnosis(
         report, tuple(snaps), (time.monotonic() - t0) * 1000, culprit, _where(report, culprit)

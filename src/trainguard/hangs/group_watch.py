@@ -9,12 +9,12 @@ a group's watch reports `HangDetected` with its group.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from trainguard.hangs.watch import HangDetected, HangWatch
+from trainguard.timers import LOOP_TIMERS, Timers
 
 
 def _tagged(post: Callable[[HangDetected], None], group: int, ev: HangDetected) -> None:
@@ -34,6 +34,7 @@ class GroupedHangWatch(HangWatch):
         clock: Callable[[], float],
         startup_timeout_s: float,
         enabled: bool = False,
+        timers: Timers = LOOP_TIMERS,
     ) -> None:
         super().__init__(
             enabled=enabled,
@@ -42,6 +43,7 @@ class GroupedHangWatch(HangWatch):
             output_activity=output_activity,
             clock=clock,
             startup_timeout_s=startup_timeout_s,
+            timers=timers,
         )
         self.members = [tuple(m) for m in groups]
         self.watches = [
@@ -52,6 +54,7 @@ class GroupedHangWatch(HangWatch):
                 output_activity=functools.partial(group_output, members),
                 clock=clock,
                 startup_timeout_s=startup_timeout_s,
+                timers=timers,
             )
             for g, members in enumerate(self.members)
         ]
@@ -94,9 +97,3 @@ class GroupedHangWatch(HangWatch):
         super().scope(replica, seconds)
         if (watch := self._of(replica)) is not None:
             watch.scope(replica, seconds)
-
-    async def run(self) -> None:
-        if not self.watches:
-            await super().run()
-            return
-        await asyncio.gather(super().run(), *(w.run() for w in self.watches))

@@ -1,5 +1,5 @@
 """The stacks of a hung job's replicas, as frozen values stored as JSON through
-`to_dict()` / `from_dict()`: frames, threads, one replica's snapshot, groups of identical
+`to_dict()` / `from_dict()`: frames, threads, one replica's stacks, groups of identical
 stacks, each replica's diagnosis and the report over all of them."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class ThreadStack:
 
 
 @dataclass(frozen=True)
-class ReplicaSnapshot:
+class ReplicaStacks:
     replica: str
     rank: int
     pid: int
@@ -68,7 +68,7 @@ class ReplicaSnapshot:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ReplicaSnapshot:
+    def from_dict(cls, d: Mapping[str, Any]) -> ReplicaStacks:
         error = d.get("error")
         return cls(
             replica=str(d["replica"]),
@@ -88,7 +88,7 @@ class StackGroup:
     members: tuple[tuple[str, int], ...]  # (replica, thread_id)
     count: int
     replicas: tuple[str, ...]
-    unique: bool  # one replica alone has this stack while two or more were snapshotted
+    unique: bool  # one replica alone has this stack while two or more were dumped
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +112,7 @@ class ReplicaDiagnosis:
     culprit: bool
     reason: str
     main_stack: tuple[Frame, ...]
-    progress: str | None  # "stuck" / "slow" / "ok" from heartbeats, when known
+    pace: str | None  # "stuck" / "slow" / "ok" from heartbeats, when known (`stragglers`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +122,7 @@ class ReplicaDiagnosis:
         state = str(d["state"])
         if state not in _STATES:
             raise ValueError(f"ReplicaDiagnosis.state: {state!r} is not one of {_STATES}")
-        progress = d.get("progress")
+        pace = d.get("pace", d.get("progress"))  # "progress": as stored before issue 39
         return cls(
             replica=str(d["replica"]),
             rank=int(d["rank"]),
@@ -130,7 +130,7 @@ class ReplicaDiagnosis:
             culprit=bool(d["culprit"]),
             reason=str(d["reason"]),
             main_stack=tuple(Frame.from_dict(f) for f in d["main_stack"]),
-            progress=None if progress is None else str(progress),
+            pace=None if pace is None else str(pace),
         )
 
 

@@ -1,8 +1,8 @@
 """Stacks of a hung job's replicas: parse them, group identical ones, name the culprit.
 
 A hung collective looks the same on every rank that reached it; the rank that never
-arrived is the odd one out. So every replica is snapshotted (snapshot.py does that I/O),
-identical stacks are grouped, and the main threads are compared. Everything here is a
+arrived is the odd one out. So every replica's stacks are dumped (stack_dumps.py does that
+I/O), identical stacks are grouped, and the main threads are compared. Everything here is a
 pure function over frozen values, stored as JSON through `to_dict()` / `from_dict()`.
 """
 
@@ -18,7 +18,7 @@ from trainguard.hangs.stack_model import (
     MAIN_THREAD,
     Frame,
     ReplicaDiagnosis,
-    ReplicaSnapshot,
+    ReplicaStacks,
     StackGroup,
     StackReport,
     State,
@@ -63,7 +63,7 @@ _THIRD_PARTY = re.compile(r"[/\\](site|dist)-packages[/\\]")
 _GIL_WAIT = re.compile(r"gil_scoped_acquire|take_gil|PyEval_AcquireThread|PyGILState_Ensure")
 
 
-def exit_deadlock(snap: ReplicaSnapshot) -> bool:
+def exit_deadlock(snap: ReplicaStacks) -> bool:
     """torch's deadlock at a gloo group's teardown (pytorch/pytorch#56297): the main
     thread joins gloo's workers in ~ProcessGroupGloo holding the GIL, while a worker waits
     for the GIL to free its last work. Native frames only show it (py-spy --native)."""
@@ -155,13 +155,13 @@ class _Judged(NamedTuple):
     what: str  # what the main thread does, in words
 
 
-def _judge_one(snap: ReplicaSnapshot) -> _Judged:
+def _judge_one(snap: ReplicaStacks) -> _Judged:
     """Inside torch/autograd with Python frames only, a rank may compute or wait for DDP's
     gradient all-reduce (its hook runs in C++): "unknown" unless native frames show which."""
     if not snap.ok:
-        return _Judged("unknown", (), f"snapshot failed: {snap.error or 'no reason given'}")
+        return _Judged("unknown", (), f"stack dump failed: {snap.error or 'no reason given'}")
     if not snap.threads:
-        return _Judged("unknown", (), "no Python thread in the snapshot")
+        return _Judged("unknown", (), "no Python thread in the stack dump")
     main = _main_thread(snap.threads).frames
     if in_collective(ThreadStack(0, None, False, main)):
         return _Judged("communication", main, f"waits in {_where(_collective_frame(main))}")
@@ -169,7 +169,7 @@ def _judge_one(snap: ReplicaSnapshot) -> _Judged:
     if inner and "torch/autograd/" in inner.filename and not any(f.native for f in main):
         why = (
             f"in autograd backward, {_where(inner)}; Python frames alone cannot tell "
-            "computation from DDP's gradient all-reduce: snapshot with native frames"
+            "computation from DDP's gradient all-reduce: dump with native frames"
         )
         return _Judged("unknown", main, why)
     return _Judged("computation", main, f"computes in {_where(inner)}")
@@ -185,7 +185,7 @@ def _names(replicas: Sequence[str], limit: int = 8) -> str:
 
 
 def aggregate(
-    snapshots: Sequence[ReplicaSnapshot], progress: Mapping[str, str] | None = None
+    stacks: Sequence[ReplicaStacks], pace: Mapping[str, str] | None = None
 ) -> StackReport:
     """Group identical stacks across replicas and threads; name the likely culprit.
 
@@ -193,14 +193,14 @@ def aggregate(
     match wins: (0) a replica deadlocked in torch's gloo teardown (`exit_deadlock`) is the
     culprit, whatever the others do. (1) some wait in communication and others compute:
     the computing ones are culprits. (2) None computes, and of three or more in
-    communication exactly one sits in a different collective: that one. (3) `progress`
+    communication exactly one sits in a different collective: that one. (3) `pace`
     (replica -> "stuck" / "slow" / "ok", from heartbeats) names stuck replicas: those.
     (4) No culprit.
     """
-    progress = progress or {}
-    snaps = sorted(snapshots, key=lambda s: (s.rank, s.replica))
+    pace = pace or {}
+    snaps = sorted(stacks, key=lambda s: (s.rank, s.replica))
     judged = {s.replica: _judge_one(s) for s in snaps}
-    culprits, reasons, summary = _culprits(snaps, judged, progress)
+    culprits, reasons, summary = _culprits(snaps, judged, pace)
     diagnoses = tuple(
         ReplicaDiagnosis(
             replica=s.replica,
@@ -209,7 +209,7 @@ def aggregate(
             culprit=s.replica in culprits,
             reason=reasons.get(s.replica, judged[s.replica].what),
             main_stack=judged[s.replica].main,
-            progress=progress.get(s.replica),
+            pace=pace.get(s.replica),
         )
         for s in snaps
     )
@@ -221,7 +221,7 @@ def aggregate(
 
 
 def _culprits(
-    snaps: Sequence[ReplicaSnapshot], judged: Mapping[str, _Judged], progress: Mapping[str, str]
+    snaps: Sequence[ReplicaStacks], judged: Mapping[str, _Judged], pace: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str], str]:
     """(culprits, reason of each, one-line summary) by the rules of `aggregate`."""
     if deadlocked := [s.replica for s in snaps if exit_deadlock(s)]:
@@ -267,16 +267,16 @@ def _culprits(
             f"{_where(_collective_frame(judged[other].main))}"
         )
         return [odd], {odd: "the only rank in a different collective"}, summary
-    if stuck := [s.replica for s in snaps if progress.get(s.replica) == "stuck"]:
+    if stuck := [s.replica for s in snaps if pace.get(s.replica) == "stuck"]:
         who = f"{stuck[0]} is" if len(stuck) == 1 else f"{_names(stuck)} are"
         summary = (
             f"stalled replica: {who} behind by heartbeats; stacks do not single it out "
             f"({stuck[0]} {judged[stuck[0]].what})"
         )
-        reason = "its heartbeats stopped advancing while its peers' did (progress: stuck)"
+        reason = "its heartbeats stopped advancing while its peers' did (pace: stuck)"
         return stuck, dict.fromkeys(stuck, reason), summary
     if not snaps:
-        return [], {}, "no culprit: no replica was snapshotted"
+        return [], {}, "no culprit: no replica's stacks were dumped"
     if len(comm) == len(snaps) and len({_python_key(judged[r].main) for r in comm}) == 1:
         where = _where(_collective_frame(judged[comm[0]].main))
         return [], {}, f"no culprit: all {len(comm)} ranks wait in the same collective, {where}"
@@ -307,7 +307,7 @@ def _holds_culprit(group: StackGroup, diagnoses: Sequence[ReplicaDiagnosis]) -> 
     )
 
 
-def _group(snaps: Sequence[ReplicaSnapshot]) -> list[StackGroup]:
+def _group(snaps: Sequence[ReplicaStacks]) -> list[StackGroup]:
     keyed: dict[object, tuple[tuple[Frame, ...], list[tuple[str, int]]]] = {}
     for s in snaps:
         for t in s.threads:
@@ -336,7 +336,7 @@ def render(report: StackReport) -> str:
     width = max((len(d.replica) for d in report.replicas), default=0)
     for d in report.replicas:
         mark = ">>> culprit: " if d.culprit else ""
-        prog = f" [{d.progress}]" if d.progress else ""
+        prog = f" [{d.pace}]" if d.pace else ""
         out.append(f"  {d.replica:<{width}}  rank {d.rank:<3} {d.state:<13} {mark}{d.reason}{prog}")
     for g in report.groups:
         marked = _holds_culprit(g, report.replicas)

@@ -1,11 +1,13 @@
 """Hang detection (R-HANG-1..3): a timer on the job's last sign of life, not a poll.
 
 A sign of life is a line of output from any replica or a heartbeat from the SDK. The
-watch sleeps until `last sign of life + interval`; when it wakes, it either sees newer
-activity and sleeps again, or reports a hang. The interval is the job's
-`job_hang_interval`, or what training code set with `hang_detect(seconds)` for the scope
-it is in: the shortest active scope wins, and any replica inside `hang_detect(-1)`
-switches detection off for the job while it is there.
+watch sets a timer (`trainguard.timers`) for `last sign of life + interval`; when it is
+due, the watch either sees newer activity and sets it again, or reports a hang. The
+interval is the job's `job_hang_interval_s`, or what training code set with
+`hang_detect(seconds)` for the scope it is in: the shortest active scope wins, and any
+replica inside `hang_detect(-1)` switches detection off for the job while it is there.
+A change that may shorten the wait (an attempt armed, a scope entered or left, a replica's
+first sign of life) sets the timer again at once.
 
 Each replica is watched from its first sign of life. Until every replica has shown one
 (importing torch takes seconds on a fresh machine, loading data can take minutes), the
@@ -16,14 +18,17 @@ of life, the report is a start-up hang.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
+from trainguard.timers import LOOP_TIMERS, Timer, Timers
+
 OFF = -1.0
+_DUE_S = 1e-6
+"""A silence this short of its interval counts as the interval: timers fire at their time
+give or take the clock's rounding, and waiting for a rounding error would never end."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,9 @@ class HangWatch:
         output_activity: Callable[[], float],
         clock: Callable[[], float] = time.time,
         startup_timeout_s: float = 600.0,
+        timers: Timers = LOOP_TIMERS,
     ) -> None:
+        """`timers` runs the watch's timer, on the same time as `clock`."""
         self._enabled = enabled
         self._default = interval_s
         self._startup_s = startup_timeout_s
@@ -62,7 +69,8 @@ class HangWatch:
         self._since_s = clock()
         self._attempt = -1
         self._armed = False
-        self._wake = asyncio.Event()
+        self._later = timers.later
+        self._timer: Timer | None = None  # when the job's silence is next looked at
 
     # ------------------------------------------------------------ what the master tells it
 
@@ -75,13 +83,13 @@ class HangWatch:
         self._seen.clear()
         self._scopes.clear()
         self._beats.clear()
-        self._wake.set()
+        self._look()
 
     def alive(self, replica: str) -> None:
         """A replica's first sign of life (a line of output, an SDK call)."""
         if replica in self._pending:
             self._pending.discard(replica)
-            self._wake.set()
+            self._look()
         elif not self._armed:
             self._seen.add(replica)
 
@@ -90,7 +98,7 @@ class HangWatch:
         self._seen.discard(replica)
         self._pending.add(replica)
         self._since_s = max(self._since_s, self._clock())
-        self._wake.set()
+        self._look()
 
     def pending(self) -> frozenset[str]:
         """The replicas that have shown no sign of life yet in this attempt."""
@@ -109,13 +117,13 @@ class HangWatch:
     def rearm(self) -> None:
         """A hang report turned out stale (the job moved again): keep watching."""
         self._armed = True
-        self._wake.set()
+        self._look()
 
     def disarm(self) -> None:
         """Not watching (a new attempt is starting, or the job is stopping)."""
         self._armed = False
         self._seen.clear()
-        self._wake.set()
+        self._look()
 
     def beat(self, replica: str, step: int | None) -> None:
         self.alive(replica)
@@ -134,7 +142,7 @@ class HangWatch:
             self._scopes.pop(replica, None)
         else:
             self._scopes[replica] = float(seconds)
-        self._wake.set()
+        self._look()
 
     def beats(self) -> dict[str, list[tuple[int, float]]]:
         return {k: list(v) for k, v in self._beats.items()}
@@ -160,23 +168,24 @@ class HangWatch:
 
     # ------------------------------------------------------------ the timer
 
-    async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            interval = self.interval() if self._armed else None
-            if interval is None:
-                await self._wake.wait()
-                continue
-            idle = self._clock() - self.last_activity()
-            wait = max(interval - idle, self.startup_left())
-            if wait <= 0:
-                self._armed = False  # one report per attempt; the master re-arms it
-                if self._pending and len(self._pending) == self._expected:
-                    # not one replica showed a sign of life: the allowance is what ran out
-                    allowance = self.startup_allowance()
-                    self._post(HangDetected("startup_hang", self._attempt, allowance, idle))
-                else:
-                    self._post(HangDetected("hang", self._attempt, interval, idle))
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+    def _look(self) -> None:
+        """Something changed, or the timer is due: report a hang if the silence has lasted
+        the interval (and any start-up allowance), else set the timer for when it would."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        interval = self.interval() if self._armed else None
+        if interval is None:
+            return  # not watching: what changes next looks again
+        idle = self._clock() - self.last_activity()
+        wait = max(interval - idle, self.startup_left())
+        if wait > _DUE_S:
+            self._timer = self._later(wait, self._look)
+            return
+        self._armed = False  # one report per attempt; the master re-arms it
+        if self._pending and len(self._pending) == self._expected:
+            # not one replica showed a sign of life: the allowance is what ran out
+            allowance = self.startup_allowance()
+            self._post(HangDetected("startup_hang", self._attempt, allowance, idle))
+        else:
+            self._post(HangDetected("hang", self._attempt, interval, idle))

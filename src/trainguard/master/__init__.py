@@ -18,6 +18,7 @@ __all__ = [
     "launch",
     "ledger",
     "loop",
+    "moves",
     "node_check",
     "node_ledger",
     "output_progress",

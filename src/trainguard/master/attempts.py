@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     Launch,
     NoCapacity,
     ReplicaFirstOutput,
@@ -17,16 +17,17 @@ from trainguard.master.events import (
     PendingRestart,
     ReplicaSlot,
 )
-from trainguard.master.sdk_channel import new_token
 from trainguard.policy.actions import Expire, RestartJob, RestartReplica, describe
 from trainguard.policy.budgets import Failure
 from trainguard.policy.gpus import NotEnoughGpus
+from trainguard.policy.job_rules import capacity_wait_start, running_reason
 from trainguard.policy.verdicts import (
     decide_capacity_wait,
     decide_no_capacity,
 )
 from trainguard.records.schema import DECISION_EVENT, WARM_START_EVENT
 from trainguard.states import AttemptOutcome, JobState, ReplicaState
+from trainguard.storage.ids import new_token
 
 _LAUNCH_BATCH = 256  # replica environments built between two turns of the event loop
 _STARTS_ALONE = (JobState.PENDING, JobState.RUNNING)  # a replica restarted alone may start
@@ -93,6 +94,8 @@ class Attempts(MasterCore):
 
     def _on_started(self, ev: ReplicaStarted) -> None:
         rep = self._current(ev.attempt, ev.replica, ev.restart)
+        if rep is not None and rep.state.is_terminal:
+            return  # its exit was taken first (while a stop settled) and recorded the run
         log_path = self.launches.log_path(ev.attempt, ev.replica, ev.restart)
         run_id = self.rec.run_started(
             attempt=ev.attempt,
@@ -106,9 +109,26 @@ class Attempts(MasterCore):
         )
         if rep is None:
             return
-        rep.state, rep.pid, rep.run_id = ReplicaState.RUNNING, ev.pid, run_id
+        self._move(rep, ReplicaState.RUNNING)
+        rep.pid, rep.run_id = ev.pid, run_id
         rep.started_s, rep.node = ev.time_s, ev.node
         self._maybe_running()
+
+    def _maybe_running(self) -> None:
+        """RUNNING once every replica of the new attempt has started (`running_reason`)."""
+        reason = running_reason(self._view())
+        if reason is None:
+            return
+        pending = self._pending
+        if pending is not None and not pending.started:
+            pending.started = True
+            self.rec.restart_phases(
+                pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
+            )
+        self._transition(JobState.RUNNING, reason)
+        live = [n for n, r in self.replicas.items() if r.state is ReplicaState.RUNNING]
+        self.hangs.arm(self.attempt, live)
+        self.faults.arm(self.attempt)
 
     def _on_first_output(self, ev: ReplicaFirstOutput) -> None:
         rep = self.replicas.get(ev.replica)
@@ -152,8 +172,7 @@ class Attempts(MasterCore):
         """Stop everything and try again in `capacity_retry_s`, until `max_wait_s`."""
         queue, now = self.spec.queue, self.clock()
         # One wait runs over consecutive attempts that each ended waiting for capacity.
-        if self._capacity_since is None or self._capacity_attempt < self.attempt - 1:
-            self._capacity_since = now
+        self._capacity_since = capacity_wait_start(self._view(), now)
         self._capacity_attempt = self.attempt
         verdict = decide_capacity_wait(queue, now - self._capacity_since, reason, message)
         if isinstance(verdict, Expire):
@@ -167,8 +186,8 @@ class Attempts(MasterCore):
             self.rec.attempt_ended(
                 self.attempt, self.clock(), AttemptOutcome.WAITING_FOR_CAPACITY, message
             )
-        loop = asyncio.get_running_loop()
-        loop.call_later(queue.capacity_retry_s, self.post, CapacityRetry(self.attempt))
+        retry = CapacityRetry(self.attempt)
+        self._later(queue.capacity_retry_s, lambda: self.post(retry))
 
     async def _restart_replica(
         self, decision: RestartReplica, failure: Failure, seen_s: float
@@ -176,20 +195,29 @@ class Attempts(MasterCore):
         record_id = self.ledger.restart(decision, failure, seen_s)
         rep = self.replicas[decision.replica]
         rep.restarts += 1
-        rep.state = ReplicaState.STARTING
+        self._move(rep, ReplicaState.STARTING)
         self.hangs.starting(decision.replica)
         if decision.delay_s > 0:  # an outage's backoff; the loop and the others go on
-            task = asyncio.ensure_future(self._start_alone_later(rep, decision.delay_s, record_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._start_alone_later(rep, decision.delay_s, record_id)
             return
         await self._start_alone(rep, record_id)
 
-    async def _start_alone_later(self, rep: ReplicaSlot, wait_s: float, record_id: int) -> None:
+    def _start_alone_later(self, rep: ReplicaSlot, wait_s: float, record_id: int) -> None:
         """Start a replica restarted alone once its backoff is over, if it still may."""
         attempt, restart = self.attempt, rep.restarts
         self.rec.restart_phases(record_id, schedule_ms=wait_s * 1000)
-        await asyncio.sleep(wait_s)
+
+        def due() -> None:
+            task = asyncio.ensure_future(self._start_alone_if(rep, attempt, restart, record_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        self._later(wait_s, due)
+
+    async def _start_alone_if(
+        self, rep: ReplicaSlot, attempt: int, restart: int, record_id: int
+    ) -> None:
+        """The backoff is over: start the replica, unless the job moved on meanwhile."""
         if self._current(attempt, rep.plan.name, restart) is not rep:
             return  # a new attempt began meanwhile
         if rep.state is not ReplicaState.STARTING or self.state not in _STARTS_ALONE:

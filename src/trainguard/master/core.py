@@ -10,12 +10,11 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     Backend,
     Launch,
     ReplicaExited,
 )
-from trainguard.backends.storage_check import STORAGE_CHECK_ENV
 from trainguard.classify.catalogue import Rules
 from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.classify.logcontext import last_step
@@ -26,6 +25,7 @@ from trainguard.frameworks.replica_plan import (
 )
 from trainguard.hangs.group_watch import GroupedHangWatch
 from trainguard.hangs.watch import HangWatch
+from trainguard.master import moves
 from trainguard.master.events import (
     MasterEvent,
     Outcome,
@@ -39,16 +39,20 @@ from trainguard.master.launch import LaunchBuilder
 from trainguard.master.ledger import Ledger
 from trainguard.master.node_ledger import NodeLedger
 from trainguard.master.output_progress import OutputProgress
-from trainguard.master.sdk_channel import SdkServer, new_token
+from trainguard.master.sdk_channel import SdkServer
 from trainguard.master.snapshot_keeper import SnapshotKeeper
 from trainguard.policy.actions import Decision
 from trainguard.policy.budgets import Budgets, Failure
-from trainguard.policy.decisions import STARTUP_WINDOW_S, decide_failure
+from trainguard.policy.decisions import decide_failure
 from trainguard.policy.gpus import GpuPool
+from trainguard.policy.job_rules import JobView, trained, within_startup
 from trainguard.records.recorder import NODE, Recorder
 from trainguard.spec.injection import Injection, parse_injection
 from trainguard.spec.models import ExecutionMode, JobSpec
 from trainguard.states import JobState, ReplicaState
+from trainguard.storage import env
+from trainguard.storage.ids import new_token
+from trainguard.timers import LOOP_TIMERS, Timer, Timers
 
 
 class MasterCore:
@@ -65,9 +69,14 @@ class MasterCore:
         cwd: str,
         say: Callable[[str], None] = lambda _msg: None,
         clock: Callable[[], float] = time.time,
+        timers: Timers = LOOP_TIMERS,
         resume_after: tuple[int, int] | None = None,
+        strict_transitions: bool | None = None,
     ) -> None:
-        """`resume_after` = (attempts, restarts) a resumed job already had: numbering goes on."""
+        """`resume_after` = (attempts, restarts) a resumed job already had: numbering goes on.
+        `strict_transitions`: an illegal state move raises (None: `moves`' environment).
+        `timers` runs what is due later (a test's fake moves with its clock)."""
+        self.strict_transitions = moves.strict_transitions(strict_transitions)
         self.job_id = job_id
         self.spec = spec
         self.ft = spec.fault_tolerance
@@ -78,6 +87,7 @@ class MasterCore:
         self.cwd = cwd
         self.say = say
         self.clock = clock
+        self.timers = timers
         plans = plan_replicas(spec)
         self.replicas = {p.name: ReplicaSlot(p) for p in plans}
         self.primary = primary_replica(plans)
@@ -111,17 +121,18 @@ class MasterCore:
             group_output=backend.last_output_s,
             groups_enabled=self.ft.enable_job_hang_detection,
             enabled=sync and self.ft.enable_job_hang_detection,
-            interval_s=self.ft.job_hang_interval,
+            interval_s=self.ft.job_hang_interval_s,
             post=self.post,
             output_activity=backend.last_output_s,
             clock=clock,
             startup_timeout_s=self.ft.startup_timeout_s,
+            timers=timers,
         )
         self._exit_hang_on = sync and self.ft.enable_job_exit_hang_detection
-        self._exit_hang_timer: asyncio.TimerHandle | None = None
+        self._exit_hang_timer: Timer | None = None
         self.inbox = Inbox(self.hangs, recorder, say, clock)
         self.faults = FaultInjector(
-            [parse_injection(t) for t in spec.fault_injection], self._inject
+            [parse_injection(t) for t in spec.fault_injection], self._inject, timers
         )
         self.inbox.on_step = self.faults.on_step
         self.keeper = CheckpointKeeper(spec.checkpoint, log_dir, recorder, clock)
@@ -154,22 +165,53 @@ class MasterCore:
         self._transition(JobState.RESTARTING, reason, **job_values)
 
     def _transition(self, state: JobState, reason: str, **job_values: object) -> None:
+        self._check_move(self.state, state, None)
         prev, self.state = self.state, state
         self.outcome.state = state
         self.rec.transition(prev, state, self.clock(), reason, **job_values)
         self.say(f"job {self.job_id} {state.value}: {reason}")
 
+    def _move(self, rep: ReplicaSlot, state: ReplicaState) -> None:
+        """One run of a replica moves to `state` (checked against the transitions table)."""
+        self._check_move(rep.state, state, rep.plan.name)
+        rep.state = state
+
+    def _check_move(
+        self, old: JobState | ReplicaState, new: JobState | ReplicaState, replica: str | None
+    ) -> None:
+        def note(text: str) -> None:
+            self.rec.event(self.clock(), replica, moves.INTERNAL_EVENT, text)
+            self.say(f"internal error: {text}")
+
+        moves.checked(old, new, self.strict_transitions, note)
+
+    def _view(self, all_done: bool = False) -> JobView:
+        """The frozen view the policy's job rules read; `all_done` only where a rule reads
+        it (it is a pass over every replica)."""
+        return JobView(
+            state=self.state,
+            attempt=self.attempt,
+            torn_down=self._is_torn_down(),
+            replicas=tuple((n, r.state) for n, r in self.replicas.items()),
+            given_up=frozenset(self._given_up),
+            all_done=all_done,
+            success_policy=self.spec.success_policy,
+            allow_partial=self.spec.allow_partial,
+            capacity_since=self._capacity_since,
+            capacity_attempt=self._capacity_attempt,
+        )
+
     def _launch(self, rep: ReplicaSlot) -> Launch:
         channel = {
-            "TRAINGUARD_MASTER_URL": self.sdk.url,
-            "TRAINGUARD_TOKEN": self.sdk.token,
-            "TRAINGUARD_CHECKPOINT_DIR": str(self.keeper.storage),
-            "TRAINGUARD_SNAPSHOT_DIR": str(self.snapshots.root),
-            "TRAINGUARD_ATTEMPT": str(self.attempt),
-            "TRAINGUARD_SNAPSHOT_PERSIST_EVERY": str(self.snapshots.every),
+            env.ENV_MASTER_URL: self.sdk.url,
+            env.ENV_TOKEN: self.sdk.token,
+            env.ENV_CHECKPOINT_DIR: str(self.keeper.storage),
+            env.ENV_SNAPSHOT_DIR: str(self.snapshots.root),
+            env.ENV_ATTEMPT: str(self.attempt),
+            env.ENV_SNAPSHOT_PERSIST_EVERY: str(self.snapshots.every),
         }
         if self._storage_check:  # a host that cannot read it back refuses to start
-            channel[STORAGE_CHECK_ENV] = self._storage_check
+            channel[env.ENV_STORAGE_CHECK] = self._storage_check
         name = rep.plan.name
         devices = self.gpus.visible_devices(name)
         return self.launches.build(
@@ -181,33 +223,6 @@ class MasterCore:
         if rep is None or attempt != self.attempt or restart != rep.restarts:
             return None
         return rep
-
-    def _maybe_running(self) -> None:
-        """RUNNING once every replica of the new attempt has started.
-
-        Some may have exited already (a replica that finishes at once, one started last
-        on a slow backend): counting them keeps the job from waiting forever to run.
-        """
-        if self.state not in (JobState.PENDING, JobState.RESTARTING) or self._is_torn_down():
-            return
-        states = [r.state for r in self.replicas.values()]
-        running = states.count(ReplicaState.RUNNING)
-        if ReplicaState.STARTING in states or not running:
-            return
-        pending = self._pending
-        if pending is not None and not pending.started:
-            pending.started = True
-            self.rec.restart_phases(
-                pending.record_id, start_ms=(self.clock() - pending.start_begin_s) * 1000
-            )
-        n = len(states)
-        what = f"all {n} replicas running"
-        if running < n:
-            what = f"all {n} replicas started, {n - running} already exited"
-        self._transition(JobState.RUNNING, f"attempt {self.attempt}: {what}")
-        live = [n for n, r in self.replicas.items() if r.state is ReplicaState.RUNNING]
-        self.hangs.arm(self.attempt, live)
-        self.faults.arm(self.attempt)
 
     def _is_torn_down(self) -> bool:
         """Whether the current attempt is being stopped (its exits decide nothing)."""
@@ -236,12 +251,10 @@ class MasterCore:
         return Rules.default(tuple(self.ft.retryable_errors), self.inbox.keywords())
 
     def _trained(self, rep: ReplicaSlot, now_s: float) -> bool:
-        """Past start-up: the SDK or its output showed a step, or the replica ran for
-        STARTUP_WINDOW_S."""
+        """Past start-up (`job_rules.trained`)."""
         name = rep.plan.name
-        if self.hangs.step_of(name) is not None or self.output_progress.step_of(name):
-            return True
-        return rep.started_s is not None and now_s - rep.started_s >= STARTUP_WINDOW_S
+        sdk, printed = self.hangs.step_of(name), self.output_progress.step_of(name)
+        return trained(sdk, printed, rep.started_s, now_s)
 
     def _progress(self, rep: ReplicaSlot, tail: tuple[str, ...]) -> int | None:
         """The step a replica had reached: its SDK reports, else what its output printed."""
@@ -267,8 +280,8 @@ class MasterCore:
         self.rec.event(self.clock(), replica, "progress", text)
         self.say(f"{replica}: {text}")
 
-    def _later(self, delay_s: float, fn: Callable[[], None]) -> object:
-        return asyncio.get_running_loop().call_later(delay_s, fn)
+    def _later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        return self.timers.later(delay_s, fn)
 
     def _decide(self, failure: Failure) -> Decision:
         return decide_failure(
@@ -350,7 +363,7 @@ class MasterCore:
             replica=ev.replica,
             rank=self.replicas[ev.replica].plan.rank,
             restart=ev.restart,
-            pid=None,
+            pid=ev.pid,
             log_path=self.launches.log_path(ev.attempt, ev.replica, ev.restart),
             at_s=ev.time_s,
         )
@@ -365,7 +378,7 @@ class MasterCore:
 
     def _within_startup(self, now_s: float) -> bool:
         """Whether the attempt is younger than its start-up allowance."""
-        return now_s - self._attempt_started_s < self.hangs.startup_allowance()
+        return within_startup(self._attempt_started_s, self.hangs.startup_allowance(), now_s)
 
     # Handlers the loop defines (`loop.Master`); declared here for the parts that call them.
 
@@ -374,6 +387,9 @@ class MasterCore:
 
     async def _on_exit(self, ev: ReplicaExited, decide: bool = True) -> None:
         raise NotImplementedError
+
+    def _maybe_running(self) -> None:
+        raise NotImplementedError  # `attempts.Attempts`
 
     def _inject(self, inj: Injection) -> None:
         raise NotImplementedError

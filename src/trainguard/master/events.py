@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     ReplicaExited,
     ReplicaFirstOutput,
     ReplicaOutput,

@@ -3,10 +3,9 @@ every replica is done."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     ReplicaExited,
 )
 from trainguard.classify.classes import ExitEvidence, ExitKind
@@ -27,11 +26,11 @@ from trainguard.policy.actions import (
 )
 from trainguard.policy.budgets import Failure
 from trainguard.policy.decisions import decide_clean_exit, root_cause
+from trainguard.policy.job_rules import success_after_give_up
 from trainguard.policy.verdicts import (
     arm_exit_hang,
     decide_success,
 )
-from trainguard.spec.models import SuccessPolicy
 from trainguard.states import JobState, ReplicaState
 
 
@@ -52,14 +51,17 @@ class Exits(MasterCore):
             ExitKind.STOP_REQUESTED: ReplicaState.STOPPED,
         }.get(c.kind, ReplicaState.FAILED)
         run_id = rep.run_id if rep is not None else None
-        if run_id is None and ev.pid is None:  # never started: record the attempt to start
+        unseen = rep is not None and rep.state is ReplicaState.STARTING
+        if run_id is None and (ev.pid is None or unseen):
+            # Never started, or its start is still queued behind a stop's settle: the run
+            # is recorded here (its start then changes nothing).
             run_id = self._record_spawn_failure(ev)
         if run_id is not None:
             self.rec.run_ended(run_id, ev.time_s, c, state, ev.evidence.log_tail)
         if rep is None:
             return  # an exit of an earlier attempt or run, already dealt with
         self._ended(ev.replica)
-        rep.state = state
+        self._move(rep, state)
         rep.run_id = None
         failure: Failure | None = None
         if c.is_failure:
@@ -81,10 +83,9 @@ class Exits(MasterCore):
             if isinstance(decision, Succeed):
                 decision = self._success(self._groups_done(decision.reason))
             if arm_exit_hang(decision, self._exit_hang_on, self._exit_hang_timer is not None):
-                interval = self.ft.job_exit_hang_interval
+                interval = self.ft.job_exit_hang_interval_s
                 hang = HangDetected("exit_hang", self.attempt, interval, interval, ev.replica)
-                loop = asyncio.get_running_loop()
-                self._exit_hang_timer = loop.call_later(interval, self.post, hang)
+                self._exit_hang_timer = self._later(interval, lambda: self.post(hang))
         else:
             decision = self._decide(failure)
             self.ledger.decided_s = self.clock()
@@ -177,8 +178,9 @@ class Exits(MasterCore):
     async def _give_up(self, decision: GiveUpReplica) -> None:
         """The replica stays failed; the job goes on, and ends if it was the last one left."""
         self._given_up[decision.replica] = decision.reason
-        if self.spec.success_policy is SuccessPolicy.ALL and self._all_done():
-            await self._apply(self._success("every replica exited 0 or was given up"), None, 0.0)
+        success = success_after_give_up(self._view(all_done=self._all_done()))
+        if success is not None:
+            await self._apply(success, None, 0.0)
 
     def _success(self, reason: str) -> Succeed:
         return decide_success(reason, self._given_up, len(self.replicas), self.spec.allow_partial)

@@ -9,7 +9,6 @@ import os
 import signal
 import traceback
 
-from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE
 from trainguard.classify.exits import (
     internal_failure,
 )
@@ -18,10 +17,11 @@ from trainguard.master.events import (
     PendingRestart,
 )
 from trainguard.master.inject import kill_this_master
-from trainguard.policy.actions import RestartJob, describe
+from trainguard.policy.actions import FailJob, RestartJob, describe
 from trainguard.policy.budgets import Failure
+from trainguard.policy.job_rules import after_internal_error, fail_internal
 from trainguard.spec.injection import Injection
-from trainguard.states import AttemptOutcome, ErrorCode, JobState
+from trainguard.states import AttemptOutcome, IllegalTransition, JobState
 from trainguard.storage.private import append_private
 
 
@@ -49,13 +49,14 @@ class Faults(MasterCore):
         task.add_done_callback(self._background.discard)
 
     async def _internal_error(self, exc: Exception) -> bool:
-        """A fault of trainguard or its backend: retried as Vertex does (2 more attempts).
-
-        Returns True when a new attempt should start.
+        """A fault of trainguard or its backend: retried as Vertex does (2 more attempts),
+        as `job_rules.after_internal_error` says. Returns True when a new attempt should start.
         """
         detail = "".join(traceback.format_exception(exc))
         with contextlib.suppress(OSError), append_private(self.log_dir / "master-error.log") as fh:
             fh.write(detail.encode(errors="replace"))
+        if self.strict_transitions and isinstance(exc, IllegalTransition):
+            raise exc  # the tests: a bug of the transitions fails the run, loudly
         self.say(f"internal error: {exc!r} (details in {self.log_dir / 'master-error.log'})")
         failure = Failure(
             replica="master",
@@ -68,15 +69,17 @@ class Faults(MasterCore):
         )
         decision = self._decide(failure)
         self.ledger.decided_s = self.clock()
+        why = f"internal error: {exc!r}"
+        verdict = after_internal_error(self._view(), decision, why)
         try:
             with contextlib.suppress(Exception):  # already failing; close() is the last resort
                 await self.backend.stop(self._live(), self.ft.stop_grace_period_s)
             await self._settle()
             self._attempt_failures = []
             self._record_failure(failure, decision)
-            if isinstance(decision, RestartJob) and not self.state.is_terminal:
-                record_id = self.ledger.restart(decision, failure, failure.time_s)
-                self._tear_down(describe(decision))
+            if isinstance(verdict, RestartJob):
+                record_id = self.ledger.restart(verdict, failure, failure.time_s)
+                self._tear_down(describe(verdict))
                 self.rec.attempt_ended(
                     self.attempt, self.clock(), AttemptOutcome.INTERNAL_ERROR, repr(exc)
                 )
@@ -84,17 +87,16 @@ class Faults(MasterCore):
                 return True
         except Exception:  # the store itself may be what failed
             pass
-        self.outcome.error_code, self.outcome.error_message = (
-            ErrorCode.INTERNAL,
-            INTERNAL_ERROR_MESSAGE,
-        )
+        # Failed, or its restart could not be carried out (the store may be what failed).
+        fail = verdict if isinstance(verdict, FailJob) else fail_internal(why)
+        self.outcome.error_code, self.outcome.error_message = fail.error_code, fail.message
         if not self.state.is_terminal:
             try:
                 self._transition(
                     JobState.FAILED,
-                    f"internal error: {exc!r}",
-                    error_code=ErrorCode.INTERNAL,
-                    error_message=INTERNAL_ERROR_MESSAGE,
+                    fail.reason,
+                    error_code=fail.error_code,
+                    error_message=fail.message,
                 )
             except Exception:
                 self.state = self.outcome.state = JobState.FAILED

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from trainguard.backends.api import SERVICE_ENV, Launch, ReplicaExited
+from trainguard.backends.interface import SERVICE_ENV, Launch, ReplicaExited
 from trainguard.backends.net import connect_error
 from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.master.attempts import Attempts
@@ -100,11 +100,12 @@ class Groups(Attempts):
         for name in decision.replicas:
             rep = self.replicas[name]
             rep.restarts += 1
-            rep.state, rep.pid, rep.run_id = ReplicaState.STOPPED, None, None
+            self._move(rep, ReplicaState.STOPPED)
+            rep.pid, rep.run_id = None, None
         t1 = self.clock()
         wait = max(0.0, decision.after_s - (t1 - failure.time_s))
         rejoin = GroupRejoin(self.attempt, decision.group, record_id)
-        asyncio.get_running_loop().call_later(wait, self.post, rejoin)
+        self._later(wait, lambda: self.post(rejoin))
         self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=wait * 1000)
         self.say(f"group {decision.group} stopped; it rejoins in {wait:.1f} s")
 
@@ -116,7 +117,7 @@ class Groups(Attempts):
         del self._groups_down[ev.group]
         members = self.roles.groups[ev.group]
         for name in members:
-            self.replicas[name].state = ReplicaState.STARTING
+            self._move(self.replicas[name], ReplicaState.STARTING)
         self._watch_of(ev.group).arm(self.attempt, self._ranks(members))  # start-up again
         t0 = self.clock()
         launches = await self._start_services_first(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from trainguard.classify.exits import (
     hang_failure,
 )
@@ -11,6 +9,7 @@ from trainguard.hangs.diagnose import diagnose
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.core import MasterCore
 from trainguard.policy.actions import describe
+from trainguard.policy.job_rules import exit_hang_deferral, hang_culprit
 from trainguard.policy.verdicts import (
     judge_hang,
 )
@@ -27,12 +26,10 @@ class HangResponse(MasterCore):
         if ev.group is not None and ev.group in self._groups_down:
             return  # the group was stopped since: its silence is no hang
         watch = self._watch_of(ev.group)
-        left = watch.startup_left()
-        if ev.kind == "exit_hang" and left > 0:
+        wait = exit_hang_deferral(ev.kind, watch.startup_left(), ev.interval_s)
+        if wait is not None:
             # A peer has not shown a sign of life yet: its start-up allowance runs first.
-            loop = asyncio.get_running_loop()
-            wait = min(left, ev.interval_s)
-            self._exit_hang_timer = loop.call_later(wait, self.post, ev)
+            self._exit_hang_timer = self._later(wait, lambda: self.post(ev))
             return
         detected_s = self.clock()
         live = {n: r for n, r in self.replicas.items() if not r.state.is_terminal and r.pid}
@@ -49,7 +46,9 @@ class HangResponse(MasterCore):
             if n in self.inbox.faulthandler
         }
         targets = [(n, r.plan.rank, int(r.pid or 0)) for n, r in live.items()]
-        diag = await diagnose(targets, self.hangs.beats(), files, self.clock, self.backend.snapshot)
+        diag = await diagnose(
+            targets, self.hangs.beats(), files, self.clock, self.backend.dump_stacks
+        )
         self.ledger.snapshot_id = self.rec.diagnosis(diag, self.attempt, detected_s, ev.kind)
         self.say(f"stacks taken in {diag.duration_ms:.0f} ms: {diag.report.summary}")
         life = watch.last_activity() > detected_s
@@ -64,7 +63,7 @@ class HangResponse(MasterCore):
             watch.rearm()
             self.ledger.snapshot_id = None
             return
-        who = diag.culprit or ev.replica or (ranks[0] if ranks else self.primary)
+        who = hang_culprit(diag.culprit, ev.replica, ranks, self.primary)
         c = hang_failure(
             ev.kind,
             who,

@@ -3,12 +3,13 @@ once, when its attempt reaches its time or step."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
 import signal
 from collections.abc import Callable
 
 from trainguard.spec.injection import Injection
+from trainguard.timers import LOOP_TIMERS, Timer, Timers
 
 
 def kill_this_master() -> None:
@@ -19,20 +20,25 @@ def kill_this_master() -> None:
 class FaultInjector:
     """Fires each injection once, when its attempt reaches its time or step."""
 
-    def __init__(self, injections: list[Injection], fire: Callable[[Injection], None]) -> None:
+    def __init__(
+        self,
+        injections: list[Injection],
+        fire: Callable[[Injection], None],
+        timers: Timers = LOOP_TIMERS,
+    ) -> None:
         self._pending = list(injections)
         self._fire = fire
         self._attempt = -1
-        self._timers: list[asyncio.TimerHandle] = []
+        self._later = timers.later
+        self._timers: list[Timer] = []
 
     def arm(self, attempt: int) -> None:
         """The attempt is running: start the clocks of its timed injections."""
         self.disarm()
         self._attempt = attempt
-        loop = asyncio.get_running_loop()
         for inj in self._pending:
             if inj.attempt == attempt and inj.after_s is not None:
-                self._timers.append(loop.call_later(inj.after_s, self._once, inj))
+                self._timers.append(self._later(inj.after_s, functools.partial(self._once, inj)))
 
     def disarm(self) -> None:
         for timer in self._timers:

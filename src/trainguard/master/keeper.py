@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.errors import CallRefused
-from trainguard.records.checkpoints import (
+from trainguard.records.recorder import Recorder
+from trainguard.spec.models import CheckpointPolicy
+from trainguard.storage.checkpoints import (
     Storage,
     apply_retention,
     commit,
@@ -17,8 +19,6 @@ from trainguard.records.checkpoints import (
     manifest_of,
     write_marker,
 )
-from trainguard.records.recorder import Recorder
-from trainguard.spec.models import CheckpointPolicy
 
 
 class CheckpointKeeper:

@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainguard.backends.api import SERVICE_ENV, Launch
+from trainguard.backends.interface import SERVICE_ENV, Launch
 from trainguard.frameworks import EnvContext, Preset, Roster
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES
 from trainguard.frameworks.replica_plan import ReplicaPlan, replica_env
 from trainguard.spec.models import JobSpec
 from trainguard.spec.sizes import parse_memory
+from trainguard.storage.env import ENV_FAULTHANDLER_FILE
 
 
 @dataclass
@@ -69,7 +70,7 @@ class LaunchBuilder:
         )
         sdk_env = {
             **channel,
-            "TRAINGUARD_FAULTHANDLER_FILE": str(log_path.with_suffix(".stacks.txt")),
+            ENV_FAULTHANDLER_FILE: str(log_path.with_suffix(".stacks.txt")),
         }
         env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
         if devices is not None and DEVICES not in dict(plan.env):  # the pool's own wins

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     ReplicaExited,
     ReplicaFirstOutput,
     ReplicaOutput,
@@ -83,7 +83,6 @@ class Master(Groups, Attempts, Exits, HangResponse, Faults):
     async def run(self) -> Outcome:
         self.backend.bind(self.post)
         await self.sdk.start(await self.backend.channel_host())
-        watch = asyncio.create_task(self.hangs.run())
         need_attempt = True
         try:
             while not self.state.is_terminal:
@@ -95,7 +94,6 @@ class Master(Groups, Attempts, Exits, HangResponse, Faults):
                 except Exception as exc:  # a fault of trainguard itself, not of the job
                     need_attempt = await self._internal_error(exc)
         finally:
-            watch.cancel()
             await self.shutdown()
         self.outcome.restarts = self.ledger.restarts
         return self.outcome
@@ -104,6 +102,7 @@ class Master(Groups, Attempts, Exits, HangResponse, Faults):
         """Stop what is left, close the SDK channel, write what the store held back
         (the end of `run`; tests that drive `step` by hand call it too)."""
         self._cancel_exit_hang()
+        self.hangs.disarm()  # its timers, with the injector's, fire no more
         self.faults.disarm()
         await self.backend.close()
         await self.snapshots.close()

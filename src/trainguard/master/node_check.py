@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from trainguard.backends.api import NodeCheckOutcome, check_nodes
+from trainguard.backends.interface import NodeCheckOutcome, check_nodes
 from trainguard.master.core import MasterCore
 from trainguard.policy.budgets import Failure
 from trainguard.policy.node_check import CHECK_LIMIT_S, check_reason

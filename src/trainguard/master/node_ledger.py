@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
-from trainguard.backends.api import NodeCheckOutcome
+from trainguard.backends.interface import NodeCheckOutcome
 from trainguard.classify.classes import short_line
 from trainguard.errors import StoreError
 from trainguard.policy.budgets import Failure

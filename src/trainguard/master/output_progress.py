@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainguard.backends.api import ReplicaOutput
+from trainguard.backends.interface import ReplicaOutput
 from trainguard.classify.progress_text import ProgressReader, Sighting
 from trainguard.spec.progress import ProgressOptions, compile_progress_pattern
 

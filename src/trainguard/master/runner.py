@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import resource
-import secrets
 import signal
 import sys
 import time
@@ -15,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from trainguard.backends.api import Backend
 from trainguard.backends.childwatch import pidfd_child_watcher
+from trainguard.backends.interface import Backend
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.mpi.backend import MpiBackend
-from trainguard.backends.preflight import backend_problem
+from trainguard.backends.preflight import refuse_unless_ready
 from trainguard.classify.logtail import printable
-from trainguard.errors import ResumeError, SpecError
+from trainguard.errors import ResumeError
 from trainguard.frameworks import preset
 from trainguard.frameworks.replica_plan import plan_replicas
 from trainguard.master.events import Outcome
@@ -35,10 +34,7 @@ from trainguard.records.store import Store
 from trainguard.spec.models import JobSpec, validate_spec
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.states import JobState
-
-
-def new_job_id() -> str:
-    return f"tg-{time.strftime('%Y%m%d')}-{secrets.token_hex(3)}"
+from trainguard.storage.ids import new_job_id
 
 
 def _say_to(stream: TextIO) -> Callable[[str], None]:
@@ -65,7 +61,7 @@ def run_job(
     """Create the job, supervise it to a terminal state, and return its outcome.
 
     trainguard's own lines go to `say` if given, else to `status` (stderr)."""
-    refuse_unless_ready(spec)
+    refuse_unless_ready(spec.backend)
     reap_interrupted(store)
     job_id = job_id or new_job_id()
     log_dir = store.home / "jobs" / job_id
@@ -97,7 +93,7 @@ def resume_job(
     check_resumable(job)
     state = JobState(job.state)
     spec = validate_spec(json.loads(job.spec_json))
-    refuse_unless_ready(spec)
+    refuse_unless_ready(spec.backend)
     job_id = str(job.id)
     recorder = Recorder(store, job_id)
     restarts = len(store.restarts_of(job_id))
@@ -125,14 +121,6 @@ def run_admitted(job_id: str, store: Store, *, status: TextIO = sys.stderr) -> O
     say(f"job {job_id} ({spec.name}): admitted, attempt {job.attempts}")
     log_dir, cwd = Path(job.log_dir), job.cwd or os.getcwd()
     return _master_run(job_id, spec, recorder, log_dir, cwd, None, say, resume_after, held_cancel)
-
-
-def refuse_unless_ready(spec: JobSpec) -> None:
-    """SpecError (one line, exit 2) where the spec's backend cannot run from here: before
-    anything is stored, so nothing is left INTERRUPTED or failed attempt after attempt."""
-    problem = backend_problem(spec.backend)
-    if problem is not None:
-        raise SpecError([problem])
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -262,7 +250,3 @@ _CANCEL_SIGNALS = (
 
 _NOTICE = signal.SIGUSR1
 """A warning that the job will be stopped soon (Slurm's `--signal`): tell the replicas."""
-
-
-def log_dir_of(store: Store, job_id: str) -> Path:
-    return store.home / "jobs" / job_id

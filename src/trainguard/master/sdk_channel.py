@@ -15,7 +15,6 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +57,6 @@ _LINGER_BYTES = 1024 * 1024
 """After an error that leaves a body unread, read and drop this much of it (at most for
 _LINGER_S) before closing: closing on unread data resets the connection, and the client
 could lose the error answer."""
-_TOKEN_BYTES = 32
 
 
 class SdkHandler(Protocol):
@@ -85,14 +83,6 @@ class SdkHandler(Protocol):
     def on_snapshot(self, replica: str, step: int, world: int) -> None:
         """The replica stored its state for `step` in the job's shared memory (one of
         `world` ranks); also a heartbeat at that step."""
-
-
-def new_token() -> str:
-    """A random secret (a job's TRAINGUARD_TOKEN, a server's token).
-
-    It never starts with "-", so `--token TOKEN` cannot be read as an option.
-    """
-    return "tg" + secrets.token_urlsafe(_TOKEN_BYTES)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.master.keeper import CheckpointKeeper
-from trainguard.records import snapshots
-from trainguard.records.checkpoints import commit
+from trainguard.storage import snapshots
+from trainguard.storage.checkpoints import commit
 
 SNAPSHOT_METRIC = "snapshot"
 """The metric a durable copy of snapshots carries (True), to tell it from a reported one."""

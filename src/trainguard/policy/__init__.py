@@ -10,6 +10,7 @@ __all__ = [
     "budgets",
     "decisions",
     "gpus",
+    "job_rules",
     "node_check",
     "outcome",
     "probation",

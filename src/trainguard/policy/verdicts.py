@@ -6,7 +6,7 @@ armed, and whether a hang report is a hang. Pure: the master passes in what it o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from trainguard.policy.actions import Decision, Expire, FailJob, Ignore, Succeed, WaitForCapacity
@@ -38,9 +38,9 @@ def decide_capacity_wait(
 
 
 def decide_success(
-    reason: str, given_up: Mapping[str, str], replicas: int, allow_partial: bool
+    reason: str, given_up: Collection[str], replicas: int, allow_partial: bool
 ) -> Succeed:
-    """The job succeeded; in part (PARTIAL) when some replicas were given up."""
+    """The job succeeded; in part (PARTIAL) when some replicas (named) were given up."""
     if given_up and allow_partial:
         gone = sorted(given_up)
         message = (
@@ -53,7 +53,7 @@ def decide_success(
 
 def arm_exit_hang(decision: Decision, enabled: bool, armed: bool) -> bool:
     """A replica exited 0 and the job waits for the others: start the exit-hang timer,
-    once (the others must follow within `job_exit_hang_interval`)."""
+    once (the others must follow within `job_exit_hang_interval_s`)."""
     return isinstance(decision, Ignore) and enabled and not armed
 
 

@@ -1,12 +1,10 @@
 """The durable record: the store (SQLite or PostgreSQL) and its typed rows, the recorder the
 master writes through, queries and views the readers use, explain, goodput, liveness of
-masters, job control, checkpoint storage, and in-memory snapshots (their files and the
-training states in them).
+masters, job control. (Checkpoint files and snapshots of the training state are
+`trainguard.storage`'s: the SDK reads them without any of this.)
 """
 
 __all__ = [
-    "checkpoint_copy",
-    "checkpoints",
     "control",
     "engine",
     "explain",
@@ -17,8 +15,6 @@ __all__ = [
     "recorder",
     "rows",
     "schema",
-    "snapshot_state",
-    "snapshots",
     "store",
     "views",
 ]

@@ -78,7 +78,7 @@ class StoreReader:
                 "report": json.loads(r.report_json),
                 "snapshots": json.loads(r.snapshots_json),
             }
-            for r in self.store.snapshots_of(job.id, attempt)
+            for r in self.store.stack_dumps_of(job.id, attempt)
         ]
 
     def goodput(self, ref: str) -> dict[str, Any]:

@@ -290,8 +290,9 @@ class Recorder:
         )
 
     def diagnosis(self, diag: Diagnosis, attempt: int, at_s: float, kind: str) -> int:
-        """Store a hang's stack snapshot (for `trainguard stacks`); returns its id."""
-        return self.snapshot(
+        """Store a hang's stack dumps (for `trainguard stacks`); returns its id (the row's in
+        `stack_snapshots`: the table keeps its name, stores made before keep working)."""
+        return self._stack_dumps(
             attempt=attempt,
             at_s=at_s,
             kind=kind,
@@ -299,10 +300,10 @@ class Recorder:
             summary=diag.report.summary,
             duration_ms=diag.duration_ms,
             report=diag.report.to_dict(),
-            snapshots=[s.to_dict() for s in diag.snapshots],
+            snapshots=[s.to_dict() for s in diag.stacks],
         )
 
-    def snapshot(
+    def _stack_dumps(
         self,
         *,
         attempt: int,

@@ -134,8 +134,8 @@ class RestartRow(_Row):
 
 
 @dataclass(frozen=True)
-class SnapshotRow(_Row):
-    """A row of `stack_snapshots`."""
+class StackDumpRow(_Row):
+    """A row of `stack_snapshots` (a hang's stack dumps; the table keeps its first name)."""
 
     id: int
     job_id: str

@@ -44,7 +44,7 @@ from trainguard.records.rows import (
     ProgressRow,
     RestartRow,
     RunRow,
-    SnapshotRow,
+    StackDumpRow,
     TransitionRow,
     _Row,
 )
@@ -346,11 +346,11 @@ class Store:
             .order_by(failure_records.c.id),
         )
 
-    def snapshots_of(self, job_id: str, attempt: int | None = None) -> list[SnapshotRow]:
+    def stack_dumps_of(self, job_id: str, attempt: int | None = None) -> list[StackDumpRow]:
         stmt = select(stack_snapshots).where(stack_snapshots.c.job_id == job_id)
         if attempt is not None:
             stmt = stmt.where(stack_snapshots.c.attempt == attempt)
-        return self._typed(SnapshotRow, stmt.order_by(stack_snapshots.c.id))
+        return self._typed(StackDumpRow, stmt.order_by(stack_snapshots.c.id))
 
     def progress_of(self, job_id: str, last: int | None = None) -> list[ProgressRow]:
         """A job's progress rows, oldest first (with `last`: only the newest `last`)."""

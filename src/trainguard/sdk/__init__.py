@@ -18,7 +18,9 @@ arguments do raise (TypeError, ValueError): they are bugs in the caller, not job
 
 The import must take milliseconds: http.client and json load on the first message sent,
 and nothing here needs more than the standard library. The connection is `channel`'s;
-checkpoints and snapshots are `state`'s; the messages and hang scopes are here.
+checkpoints and snapshots are `state`'s (their files `trainguard.storage`'s, which the
+master shares, as it shares the environment names in `storage.env`); the messages and
+hang scopes are here.
 """
 
 from __future__ import annotations
@@ -28,17 +30,23 @@ import math
 import os
 
 from trainguard.sdk import channel, state
-from trainguard.sdk.channel import ENV_MASTER_URL, ENV_REPLICA, ENV_TOKEN, SdkWarning, enabled
+from trainguard.sdk.channel import SdkWarning, enabled
 from trainguard.sdk.state import (
-    ENV_ATTEMPT,
-    ENV_CHECKPOINT_DIR,
-    ENV_SNAPSHOT_DIR,
-    ENV_SNAPSHOT_PERSIST_EVERY,
     get_checkpoint,
     load_snapshot,
     mark_checkpoint_bad,
     report,
     snapshot,
+)
+from trainguard.storage.env import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_FAULTHANDLER_FILE,
+    ENV_MASTER_URL,
+    ENV_REPLICA,
+    ENV_SNAPSHOT_DIR,
+    ENV_SNAPSHOT_PERSIST_EVERY,
+    ENV_TOKEN,
 )
 
 TYPE_CHECKING = False
@@ -73,8 +81,6 @@ __all__ = [
     "set_retryable_errors",
     "snapshot",
 ]
-
-ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"
 
 HANG_DETECT_OFF = -1
 """`hang_detect(HANG_DETECT_OFF)`: no hang detection inside the scope."""

@@ -10,13 +10,12 @@ import threading
 import time
 import warnings
 
+from trainguard.storage.env import ENV_MASTER_URL, ENV_REPLICA, ENV_TOKEN
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import http.client
 
-ENV_MASTER_URL = "TRAINGUARD_MASTER_URL"
-ENV_TOKEN = "TRAINGUARD_TOKEN"
-ENV_REPLICA = "TRAINGUARD_REPLICA"
 
 _TIMEOUT_S = 2.0
 """Per socket operation: a slow master must not stall a training step for long."""

@@ -8,15 +8,16 @@ import os
 from pathlib import Path
 
 from trainguard.sdk import channel
+from trainguard.storage.env import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_SNAPSHOT_DIR,
+    ENV_SNAPSHOT_PERSIST_EVERY,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from trainguard.records.snapshots import Writer
-
-ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"
-ENV_SNAPSHOT_DIR = "TRAINGUARD_SNAPSHOT_DIR"
-ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
-ENV_SNAPSHOT_PERSIST_EVERY = "TRAINGUARD_SNAPSHOT_PERSIST_EVERY"
+    from trainguard.storage.snapshots import Writer
 
 
 def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
@@ -30,7 +31,7 @@ def report(metrics: dict[str, object], checkpoint: str | None = None) -> None:
     name: str | None = None
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     if checkpoint is not None and storage:
-        from trainguard.records import checkpoints
+        from trainguard.storage import checkpoints
 
         name = checkpoints.commit(Path(checkpoint), storage, step=step, metrics=dict(metrics))
     channel.post("/v1/report", {"step": step, "metrics": dict(metrics), "checkpoint": name})
@@ -43,7 +44,7 @@ def get_checkpoint() -> str | None:
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     durable: Path | None = None
     if storage:
-        from trainguard.records import checkpoints
+        from trainguard.storage import checkpoints
 
         durable = checkpoints.latest(storage)
     memory = _memory_snapshot()
@@ -53,7 +54,7 @@ def get_checkpoint() -> str | None:
 
 
 def _durable_step(folder: Path) -> int:
-    from trainguard.records import checkpoints
+    from trainguard.storage import checkpoints
 
     step = (checkpoints.read_manifest(folder) or {}).get("step")
     return step if isinstance(step, int) else -1
@@ -63,7 +64,7 @@ def _memory_snapshot() -> tuple[int, Path] | None:
     root = os.environ.get(ENV_SNAPSHOT_DIR)
     if not root:
         return None
-    from trainguard.records import snapshots
+    from trainguard.storage import snapshots
 
     step = snapshots.newest_complete(Path(root), _world())
     return None if step is None else (step, snapshots.step_dir(Path(root), step))
@@ -97,7 +98,7 @@ def snapshot(state: object, step: int) -> None:
     if not root:
         channel.warn_outside()
         return
-    from trainguard.records import snapshot_state, snapshots
+    from trainguard.storage import snapshot_state, snapshots
 
     form, skeleton, parts = snapshot_state.parts(state)
     due = snapshots.due(step, _int_env(ENV_SNAPSHOT_PERSIST_EVERY, 0))
@@ -114,7 +115,7 @@ _writer: Writer | None = None  # this process's, made at its first snapshot
 
 def _snapshot_writer(root: Path) -> Writer:
     global _writer
-    from trainguard.records import snapshots
+    from trainguard.storage import snapshots
 
     with channel.lock():
         if _writer is None or (_writer.root, _writer.rank) != (root, _rank()):
@@ -132,7 +133,7 @@ def load_snapshot(folder: str | None = None) -> tuple[int, object] | None:
     where = folder if folder is not None else get_checkpoint()
     if where is None:
         return None
-    from trainguard.records import snapshot_state, snapshots
+    from trainguard.storage import snapshot_state, snapshots
 
     found = snapshots.load(Path(where), _rank())
     if found is None:
@@ -145,7 +146,7 @@ def mark_checkpoint_bad(path: str) -> None:
     """This checkpoint could not be loaded: `get_checkpoint()` will offer the one before."""
     storage = os.environ.get(ENV_CHECKPOINT_DIR)
     if storage:
-        from trainguard.records import checkpoints
+        from trainguard.storage import checkpoints
 
         checkpoints.mark_bad(storage, Path(path).name)
 

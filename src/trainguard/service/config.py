@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainguard.errors import SpecError
-from trainguard.master.sdk_channel import new_token
 from trainguard.service.quota import DEFAULT_MAX_REPLICAS, Quota
 from trainguard.spec.models import load_spec_file
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.spec.problems import validation_problems
 from trainguard.spec.sizes import parse_memory
+from trainguard.storage.ids import new_token
 
 
 class QuotaConfig(BaseModel):

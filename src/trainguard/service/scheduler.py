@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.backends.preflight import refuse_unless_ready
 from trainguard.errors import SpecError, TrainguardError
-from trainguard.master.runner import new_job_id, refuse_unless_ready
 from trainguard.records.control import HELD_CANCEL, check_resumable, request_cancel
 from trainguard.records.liveness import master_up, reap_interrupted, starter_identity
 from trainguard.records.rows import JobRow
@@ -40,6 +40,7 @@ from trainguard.service.quota import (
 )
 from trainguard.spec.models import JobSpec, validate_spec
 from trainguard.states import ErrorCode, JobState
+from trainguard.storage.ids import new_job_id
 from trainguard.storage.private import private_dir, private_file
 
 ORIGIN = "server"
@@ -85,7 +86,7 @@ class Service:
         Its masters start here, so a backend this server cannot run (slurm outside an
         allocation, ray that does not import) is refused now, as `run` refuses it."""
         spec = validate_spec(data)
-        refuse_unless_ready(spec)
+        refuse_unless_ready(spec.backend)
         workdir = Path(cwd) if cwd else Path.cwd()
         if not workdir.is_absolute() or not workdir.is_dir():
             raise SpecError([f"cwd: not a folder on the server: {cwd!r}"])

@@ -10,24 +10,13 @@ import shlex
 from typing import Any
 
 from trainguard.errors import SpecError
+from trainguard.spec.fields import AIMASTER
 from trainguard.spec.text import shown
 
-# AIMaster flag -> FaultTolerance field. Adding a flag is one line here.
-FLAGS: dict[str, str] = {
-    "job-execution-mode": "execution_mode",
-    "enable-job-restart": "enable_job_restart",
-    "max-num-of-job-restart": "max_num_of_job_restart",
-    "fault-tolerant-policy": "fault_tolerant_policy",
-    "max-num-of-same-error": "max_num_of_same_error",
-    "max-tolerated-failure-rate": "max_tolerated_failure_rate",
-    "enable-job-hang-detection": "enable_job_hang_detection",
-    "job-hang-interval": "job_hang_interval",
-    "enable-job-exit-hang-detection": "enable_job_exit_hang_detection",
-    "job-exit-hang-interval": "job_exit_hang_interval",
-    "enable-c4d-hang-detection": "enable_c4d_hang_detection",
-}
+FLAGS: dict[str, str] = {name: row.name for name, row in AIMASTER.items()}
+"""AIMaster flag -> FaultTolerance field, from spec.fields (adding a flag is a row there)."""
 
-_BOOL_FIELDS = {f for f in FLAGS.values() if f.startswith("enable_")}
+_BOOL_FIELDS = {field for name, field in FLAGS.items() if name.startswith("enable-")}
 
 
 def _bool(flag: str, value: str) -> bool:

@@ -1,5 +1,6 @@
 """The base of every spec model: unknown fields are errors, values are frozen, NaN or
-infinity is never a meaningful interval, size or rate, and a yes/no is never a number.
+infinity is never a meaningful interval, size or rate, a yes/no is never a number, and a
+field is given once, under one of its spellings.
 
 Pydantic (lax) takes `replicas: true` as 1 and `timeout_s: false` as 0.0; a bool where a
 count or a duration belongs is a slip (a misplaced line, a wrong key), so it is refused,
@@ -11,7 +12,8 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic.fields import FieldInfo
 
 
 def _numeric(annotation: Any) -> bool:
@@ -39,6 +41,15 @@ def _admits_bool(annotation: Any) -> bool:
     return False
 
 
+def _spellings(name: str, field: FieldInfo) -> list[str]:
+    """The keys a spec may give the field by: its name, or the older spellings its
+    `validation_alias` accepts (spec.fields)."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [a for a in alias.choices if isinstance(a, str)]
+    return [alias] if isinstance(alias, str) else [name]
+
+
 def _items(annotation: Any, value: Any) -> list[tuple[str, Any, Any]]:
     """(suffix, item, item type) of a list or a mapping field; the value alone otherwise."""
     origin, args = get_origin(annotation), get_args(annotation)
@@ -64,9 +75,14 @@ class SpecModel(BaseModel):
         if not isinstance(data, dict):
             return data
         for name, field in cls.model_fields.items():
-            if name not in data or any(isinstance(m, BeforeValidator) for m in field.metadata):
+            given = [key for key in _spellings(name, field) if key in data]
+            if len(given) > 1:
+                raise ValueError(f"{given[0]}: given twice, also as {given[1]}; give one of them")
+            if not given or any(isinstance(m, BeforeValidator) for m in field.metadata):
                 continue  # absent, or a field that converts its input itself (`Limit`)
-            for suffix, item, kind in _items(field.annotation, data[name]):
+            for suffix, item, kind in _items(field.annotation, data[given[0]]):
                 if isinstance(item, bool) and _numeric(kind):
-                    raise ValueError(f"{name}{suffix}: must be a number, got {str(item).lower()}")
+                    raise ValueError(
+                        f"{given[0]}{suffix}: must be a number, got {str(item).lower()}"
+                    )
         return data

@@ -169,7 +169,7 @@ class TorchftRules(FrameworkRules):
         if "lighthouse" not in have:
             out.append({"role": "lighthouse", "command": [_lighthouse()], "resources": _SMALL})
         if "store" not in have:  # one per group: restarted with it, so always fresh
-            store = [sys.executable, "-m", "trainguard.frameworks.torchft_store"]
+            store = [sys.executable, "-m", "trainguard.frameworks.torchft_tcpstore"]
             groups = _groups(pools, data.get("torchft"))
             out.append({"role": "store", "replicas": groups, "command": store, "resources": _SMALL})
         return out

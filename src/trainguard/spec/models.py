@@ -11,28 +11,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BeforeValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainguard.errors import SpecError
 from trainguard.spec.base import SpecModel
 from trainguard.spec.engines import RayOptions, SlurmOptions, TorchftOptions
+from trainguard.spec.fault_tolerance import ExecutionMode as ExecutionMode
+from trainguard.spec.fault_tolerance import FaultTolerance as FaultTolerance
+from trainguard.spec.fault_tolerance import FaultTolerantPolicy as FaultTolerantPolicy
+from trainguard.spec.fault_tolerance import case_insensitive
+from trainguard.spec.fields import unspelled
 from trainguard.spec.frameworks import RULES
 from trainguard.spec.injection import parse_injection
-from trainguard.spec.limits import (
-    MAX_REPLICAS,
-    MAX_SECONDS,
-    MIN_WATCH_S,
-    UNLIMITED,
-    Limit,
-    pattern_problems,
-)
-from trainguard.spec.node_probation import NodeProbation
+from trainguard.spec.limits import MAX_REPLICAS, UNLIMITED
 from trainguard.spec.notify_rules import NotifyRule
 from trainguard.spec.problems import validation_problems
 from trainguard.spec.progress import ProgressOptions
@@ -40,28 +31,6 @@ from trainguard.spec.safe_yaml import YamlProblem, parse_bounded, read_bounded
 from trainguard.spec.sections import CheckpointPolicy as CheckpointPolicy
 from trainguard.spec.sections import QueuePolicy as QueuePolicy
 from trainguard.spec.text import non_utf8_problems, shown
-
-
-def _case_insensitive(enum: type[StrEnum]) -> Any:
-    def convert(value: Any) -> Any:
-        if isinstance(value, str):
-            for member in enum:
-                if member.value.lower() == value.strip().lower():
-                    return member
-        return value
-
-    return BeforeValidator(convert)
-
-
-class ExecutionMode(StrEnum):
-    SYNC = "sync"
-    ASYNC = "async"
-
-
-class FaultTolerantPolicy(StrEnum):
-    ON_FAILURE = "OnFailure"
-    EXIT_CODE_AND_ERROR_MSG = "ExitCodeAndErrorMsg"
-    NEVER = "Never"
 
 
 class SuccessPolicy(StrEnum):
@@ -115,77 +84,6 @@ class WorkerPool(SpecModel):
         return self
 
 
-class FaultTolerance(SpecModel):
-    execution_mode: Annotated[ExecutionMode, _case_insensitive(ExecutionMode)] = ExecutionMode.SYNC
-    fault_tolerant_policy: Annotated[
-        FaultTolerantPolicy, _case_insensitive(FaultTolerantPolicy)
-    ] = FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
-    # AIMaster defaults this to False; trainguard restarts by default (the issue asks it).
-    enable_job_restart: bool = True
-    max_num_of_job_restart: Limit = 3
-    max_replica_restarts: Limit = 5
-    max_num_of_same_error: Limit = 10
-    max_tolerated_failure_rate: float | None = Field(default=None, gt=0, le=1)
-    max_transient_restarts: Limit = 3
-    max_capacity_restarts: Limit = 3
-    max_internal_restarts: Limit = 2
-    max_node_lost_restarts: Limit = 3  # a node under the job died (Ray backend)
-    # A retryable failure whose evidence is uncertain (a bare signal, a guess) is
-    # retried this many times in all.
-    max_uncertain_restarts: Limit = 1
-    # A failure the evidence reads as permanent, but uncertainly (no known sign, a bare
-    # exit status, the learned model's guess), gets one retry too, charged to the same
-    # budget: the history rule ends it at its second occurrence at the same point. On by
-    # default (issue 38): a job ends at once only on proof; an unsettled failure costs one
-    # attempt, while a retryable failure wrongly ended costs a person's night.
-    retry_uncertain: bool = True
-    # The same error at the same progress point (step, or start-up) in two attempts ends
-    # the job whatever its class: it is deterministic, not transient.
-    enable_repeat_detection: bool = True
-    # A failure read as an outage of a remote service, storage, the network or the
-    # rendezvous is retried after 1, 2, 4 ... s (doubling per retry in a row), at most
-    # `transient_backoff_max_s`, within the restart budgets (0: retried at once).
-    transient_backoff_s: float = Field(default=1.0, ge=0, le=3600)
-    transient_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
-    stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
-    # The job's own retryable errors: regexes (or plain keywords) searched in the log
-    # tail of a failed replica, before the built-in catalogue.
-    retryable_errors: list[str] = Field(default_factory=list)
-    # AIMaster defaults both detectors to off; at these intervals they cost nothing, so
-    # trainguard turns them on (sync jobs only, as AIMaster).
-    enable_job_hang_detection: bool = True
-    job_hang_interval: float = Field(default=1800, ge=MIN_WATCH_S, le=MAX_SECONDS)
-    # Until every replica has shown a sign of life (a line of output, an SDK call), this
-    # allowance applies instead of the hang interval (never shorter than it): imports
-    # and data loading are not a hang.
-    startup_timeout_s: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
-    enable_job_exit_hang_detection: bool = True
-    job_exit_hang_interval: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
-    enable_c4d_hang_detection: bool = False
-    # When a node with machine-blamed failures of several jobs is avoided (R-EVID-4).
-    node_probation: NodeProbation = Field(default_factory=NodeProbation)
-
-    @model_validator(mode="after")
-    def _bounded_patterns(self) -> FaultTolerance:
-        problems = pattern_problems(self.retryable_errors, "retryable_errors")
-        if problems:
-            raise ValueError(problems[0])  # each names its item: the first says enough
-        if self.transient_backoff_max_s < self.transient_backoff_s:
-            raise ValueError(
-                f"transient_backoff_max_s: must be at least transient_backoff_s "
-                f"({self.transient_backoff_s:g}), got {self.transient_backoff_max_s:g}"
-            )
-        return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _rate_off(cls, data: Any) -> Any:
-        # AIMaster spells "off" as -1.
-        if isinstance(data, dict) and data.get("max_tolerated_failure_rate") in (-1, "-1"):
-            data = {**data, "max_tolerated_failure_rate": None}
-        return data
-
-
 def preload_names(value: object) -> list[str]:
     """`torch, numpy` (or a list, or one value) as names, blanks dropped."""
     items = value.split(",") if isinstance(value, str) else value
@@ -197,7 +95,7 @@ class JobSpec(SpecModel):
     name: str = Field(pattern=_NAME)
     framework: str = "pytorch"  # a preset of trainguard.frameworks
     worker_pools: list[WorkerPool] = Field(min_length=1)
-    success_policy: Annotated[SuccessPolicy, _case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
+    success_policy: Annotated[SuccessPolicy, case_insensitive(SuccessPolicy)] = SuccessPolicy.CHIEF
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     # The GPU ids this job may use on this machine (default: what nvidia-smi lists).
@@ -254,7 +152,7 @@ class JobSpec(SpecModel):
         pools = data.get("worker_pools")
         defaults = preset.ft_defaults_for(pools if isinstance(pools, list) else [])
         if defaults and isinstance(ft, dict):
-            data = {**data, "fault_tolerance": {**defaults, **ft}}
+            data = {**data, "fault_tolerance": {**unspelled(defaults, ft), **ft}}
         if preset.success_policy and data.get("success_policy") is None:
             data = {**data, "success_policy": preset.success_policy}
         if isinstance(pools, list):

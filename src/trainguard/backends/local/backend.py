@@ -18,14 +18,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from trainguard.backends.api import (
+from trainguard.backends.guardian import TOKEN_ENV, Guardian
+from trainguard.backends.interface import (
     BackendEvent,
     Launch,
     ReplicaExited,
     ReplicaStarted,
     output_events,
 )
-from trainguard.backends.guardian import TOKEN_ENV, Guardian
 from trainguard.backends.local.node_layout import NodeLayout, without_own
 from trainguard.backends.local.oom import exit_readings, memory_reading
 from trainguard.backends.local.run import PipeProtocol, Protocol, Run, spawn_failed
@@ -35,8 +35,8 @@ from trainguard.backends.local.zygote import ZygoteError
 from trainguard.backends.net import free_port
 from trainguard.classify.classes import Classification
 from trainguard.classify.own_errors import zygote_death_note
-from trainguard.hangs.snapshot import snapshot_all
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_dumps import dump_stacks
+from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.signals import signal_name
 
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
@@ -366,13 +366,13 @@ class LocalBackend:
         if self._tracking is not None and not self._runs:  # what they orphaned (fallback)
             await self._tracking.sweep()
 
-    async def snapshot(
+    async def dump_stacks(
         self,
         targets: Sequence[tuple[str, int, int]],
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
-    ) -> list[ReplicaSnapshot]:
-        return await snapshot_all(
+    ) -> list[ReplicaStacks]:
+        return await dump_stacks(
             targets, timeout_s=timeout_s, faulthandler_files=faulthandler_files
         )
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES, id_list, placed_envs
 
 _NODE = "localhost"

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from trainguard.backends.local.cgroups import RunCgroup
 from trainguard.backends.local.memory_limit import V1_FILES, V2_FILES, shown
 from trainguard.backends.machine_probe import probe_exit
-from trainguard.backends.storage_check import CHECKPOINT_DIR_ENV
 from trainguard.classify.readings import Finding, MachineReading, Source
+from trainguard.storage.env import ENV_CHECKPOINT_DIR
 
 if TYPE_CHECKING:
-    from trainguard.backends.api import Launch
+    from trainguard.backends.interface import Launch
     from trainguard.backends.local.run import Run
     from trainguard.backends.local.tracking import RunProcesses
 
@@ -83,11 +83,6 @@ def oom_kill_count() -> int:
         return 0
     counts = oom_counts(_FILE)
     return sum(counts.values()) if counts else 0
-
-
-def own_counter(run: Run) -> Path | None:
-    """The memory counter of the run's own memory cgroup, where it has one."""
-    return counter_of(run.processes)
 
 
 def counter_of(processes: RunProcesses) -> Path | None:
@@ -164,7 +159,7 @@ def run_paths(run: Run) -> list[str]:
 def launch_paths(launch: Launch) -> list[str]:
     """`run_paths` of a launch (a Ray node's host probes them as that node sees them)."""
     paths = [str(launch.log_path.parent)]
-    ckpt = launch.env.get(CHECKPOINT_DIR_ENV)
+    ckpt = launch.env.get(ENV_CHECKPOINT_DIR)
     if ckpt and "://" not in ckpt:
         paths.append(ckpt)
     return paths

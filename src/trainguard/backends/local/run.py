@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TextIO
 
-from trainguard.backends.api import Launch, ReplicaExited
+from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.backends.local.oom import oom_kill_count
 from trainguard.backends.local.tracking import RunProcesses
 from trainguard.backends.machine_probe import monotonic_us

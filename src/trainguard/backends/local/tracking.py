@@ -203,10 +203,6 @@ class Tracking:
                 "environment and orphans itself may outlive its replica"
             )
 
-    @property
-    def by_cgroup(self) -> bool:
-        return self.cgroups is not None
-
     def new_run(self, memory_bytes: int | None = None) -> RunProcesses:
         """A run's tracking; held to `memory_bytes` where a memory controller lets us
         (`RunProcesses.hold` writes it), else said once and run unlimited."""

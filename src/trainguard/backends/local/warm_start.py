@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainguard.backends.api import SERVICE_ENV, Launch
+from trainguard.backends.interface import SERVICE_ENV, Launch
 from trainguard.backends.local.preload_plan import AUTO, resolve
 from trainguard.backends.local.python_cmd import parse, startup_env_differs
-from trainguard.backends.local.store_keeper import KeeperError, StoreKeeper
+from trainguard.backends.local.rendezvous_keeper import KeeperError, RendezvousKeeper
 from trainguard.backends.local.zygote import Zygote, ZygoteError, expand
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
@@ -22,7 +22,7 @@ class WarmStart:
     def __init__(self, preload: Sequence[str]) -> None:
         self._preload = tuple(preload)
         self.zygote: Zygote | None = None
-        self.keeper: StoreKeeper | None = None  # the rendezvous store's host, where there is one
+        self.keeper: RendezvousKeeper | None = None  # the rendezvous store's host, if any
         self.notes: list[str] = []  # what the warm start did, why one starts cold (append-only)
         self._cold_said: set[tuple[str, str]] = set()  # (replica, reason) already noted
         self._planned = False  # the zygote was considered (once, at the first start)

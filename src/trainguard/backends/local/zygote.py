@@ -8,7 +8,7 @@ session, dies with the zygote (PR_SET_PDEATHSIG), takes the master's pipe as its
 and stderr, gets a clean environment and working directory, and runs its program (a
 script, `-m module` or `-c code`) as `__main__`, with the sys.argv and sys.path[0] the
 interpreter would have given it. The zygote reports each child's pid and, when it
-reaps it, its exit status. It also forks the job's rendezvous store keeper (`store_keeper`).
+reaps it, its exit status. It also forks the job's rendezvous keeper (`rendezvous_keeper`).
 
 Messages are JSON lines; the pipe's write end travels with a request as SCM_RIGHTS.
 """
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from trainguard.backends.local.rendezvous_keeper import RendezvousKeeper, keep
 from trainguard.backends.local.replica_init import become_replica, die_with_parent
-from trainguard.backends.local.store_keeper import StoreKeeper, keep
 
 PRESETS: dict[str, tuple[str, ...]] = {
     # What DDP needs, for a job of several ranks, with torch._dynamo, which DDP's
@@ -291,7 +291,7 @@ class Zygote:
         req = {"argv": list(argv), "env": env, "cwd": cwd, "cgroup": joins}
         return await self._fork(req, out_fd)
 
-    async def keeper(self) -> StoreKeeper:
+    async def keeper(self) -> RendezvousKeeper:
         """Fork the job's rendezvous store keeper and wait until it can open stores."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -303,7 +303,7 @@ class Zygote:
             theirs.close()
         ours.setblocking(False)
         self.helpers.add(pid)
-        keeper = StoreKeeper(ours, pid)
+        keeper = RendezvousKeeper(ours, pid)
         try:
             await keeper.ready()
         except BaseException:

@@ -3,7 +3,7 @@
 trainguard starts one process, the launcher (`mpirun` over a hostfile of the job's slots);
 mpirun starts the ranks. They are still supervised as the `worker-<i>` replicas:
 - their pids are found under mpirun (`find_ranks`) and reported as they appear, so records
-  name them and a hang snapshot reaches them with py-spy;
+  name them and a hang's stack dump reaches them with py-spy;
 - mpirun's `--tag-output` stream, which the inner backend writes to the launcher's log,
   is split into one log (and tail) per rank;
 - their exits are reported when mpirun ends (a rank's death makes mpirun abort the job):
@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     Backend,
     BackendEvent,
     Launch,
@@ -42,7 +42,7 @@ from trainguard.backends.mpi.launch import (
 )
 from trainguard.backends.output import RunOutput
 from trainguard.classify.classes import Classification, ExitEvidence
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.storage.private import private_dir, private_file
 
 _POLL_S = 0.05
@@ -260,13 +260,13 @@ class MpiBackend:
                     return rank.output.tail.lines()
         return self._inner.log_tail(replica)
 
-    async def snapshot(
+    async def dump_stacks(
         self,
         targets: Sequence[tuple[str, int, int]],
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
-    ) -> list[ReplicaSnapshot]:
-        return await self._inner.snapshot(targets, timeout_s, faulthandler_files)
+    ) -> list[ReplicaStacks]:
+        return await self._inner.dump_stacks(targets, timeout_s, faulthandler_files)
 
     def isolate_after(self, replica: str, c: Classification) -> str | None:
         return self._inner.isolate_after(replica, c)

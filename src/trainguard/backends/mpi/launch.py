@@ -156,12 +156,6 @@ def exit_on_error(command: list[str]) -> list[str]:
     return list(command)
 
 
-def open_mpi_version(version_output: str) -> tuple[int, ...] | None:
-    """(4, 1, 4) from `mpirun --version`'s "mpirun (Open MPI) 4.1.4"; None if not Open MPI."""
-    m = re.search(r"\(Open MPI\) (\d+(?:\.\d+)*)", version_output)
-    return tuple(int(p) for p in m.group(1).split(".")) if m else None
-
-
 _TAG = re.compile(rb"\[([^\[\]\s,]+),(\d+)\]<(stdout|stderr|stddiag)>:")
 _TAG_PREFIX = re.compile(rb"\[[^\[\]\s,]*(?:,\d*(?:\](?:<[a-z]*>?)?)?)?\Z")
 _Key = tuple[int | None, bytes]

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     BackendEvent,
     Launch,
     NodeCheckOutcome,
@@ -36,7 +36,7 @@ from trainguard.backends.ray.warm import NodeZygotes
 from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
 from trainguard.classify.machine_parse import tail_storage_readings
 from trainguard.classify.readings import MachineReading
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.spec.engines import RayOptions
 from trainguard.spec.models import Resources
 
@@ -280,27 +280,27 @@ class RayBackend:
     async def check_nodes(self, reason: str) -> NodeCheckOutcome:
         return await self._place.check_nodes(reason)
 
-    async def snapshot(
+    async def dump_stacks(
         self,
         targets: Sequence[tuple[str, int, int]],
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
-    ) -> list[ReplicaSnapshot]:
+    ) -> list[ReplicaStacks]:
         """py-spy runs on each replica's own node, through its actor, all in parallel."""
 
-        async def one(name: str, rank: int, pid: int) -> ReplicaSnapshot:
+        async def one(name: str, rank: int, pid: int) -> ReplicaStacks:
             actor = self._place.actors.get(name)
             files = {k: str(v) for k, v in faulthandler_files.items() if k == name}
             try:
                 if actor is None:
                     raise RuntimeError("no actor for this replica")
                 out = await asyncio.wait_for(
-                    actor.snapshot.remote([(name, rank, pid)], timeout_s, files), timeout_s + 5
+                    actor.dump_stacks.remote([(name, rank, pid)], timeout_s, files), timeout_s + 5
                 )
-                return ReplicaSnapshot.from_dict(out[0])
+                return ReplicaStacks.from_dict(out[0])
             except Exception as exc:
-                why = f"snapshot through Ray failed: {one_line(exc)}"
-                return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
+                why = f"stack dump through Ray failed: {one_line(exc)}"
+                return ReplicaStacks(name, rank, pid, "none", False, why, 0.0, ())
 
         return list(await asyncio.gather(*(one(n, r, p) for n, r, p in targets)))
 

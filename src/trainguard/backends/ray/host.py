@@ -35,8 +35,8 @@ from trainguard.backends.local.tracking import RunProcesses, Tracking
 from trainguard.backends.net import free_port
 from trainguard.backends.ray.exit_probe import ExitProbe, seen_here
 from trainguard.backends.storage_check import storage_problem
+from trainguard.storage.env import ENV_FAULTHANDLER_FILE
 
-ENV_FAULTHANDLER_FILE = "TRAINGUARD_FAULTHANDLER_FILE"  # = trainguard.sdk.ENV_FAULTHANDLER_FILE
 # The GPUs of every rank on this node (`frameworks.node_env`), from the backend: the
 # replica's CUDA_VISIBLE_DEVICES, over the actor's own ids.
 NODE_DEVICES_ENV = "TRAINGUARD_NODE_DEVICES"
@@ -72,7 +72,7 @@ def _ray_gpu_ids() -> list[Any]:
 
 def _local_stacks_file(env: dict[str, str]) -> str | None:
     """The replica's stack-dump file: the master's path where this node sees the master's
-    log folder (one machine); else a file of this node's own, which `snapshot` reads here."""
+    log folder (one machine); else a file of this node's own, which `dump_stacks` reads here."""
     path = env.get(ENV_FAULTHANDLER_FILE)
     if not path or os.path.isdir(os.path.dirname(path)):
         return None
@@ -337,16 +337,16 @@ class ReplicaHost:
                 self._run.signal(signum, but_group=pid)
         return True
 
-    def snapshot(
+    def dump_stacks(
         self, targets: Sequence[tuple[str, int, int]], timeout_s: float, files: Mapping[str, str]
     ) -> list[dict[str, Any]]:
         """py-spy on this node (the same code as locally), as plain dicts."""
-        from trainguard.hangs.snapshot import snapshot_all
+        from trainguard.hangs.stack_dumps import dump_stacks
 
         if self._stacks:  # the file is on this node, not where the master keeps its logs
             files = dict.fromkeys(files, self._stacks)
         snaps = asyncio.run(
-            snapshot_all(
+            dump_stacks(
                 targets,
                 timeout_s=timeout_s,
                 faulthandler_files={k: Path(v) for k, v in files.items()},

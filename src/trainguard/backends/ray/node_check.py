@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from trainguard.backends.api import NodeCheckOutcome
+from trainguard.backends.interface import NodeCheckOutcome
 from trainguard.backends.node_check.run import CheckNotRun, run_check
 from trainguard.backends.ray.calls import one_line
 from trainguard.policy.node_check import CHECK_LIMIT_S, describe_check, judge, keep_out

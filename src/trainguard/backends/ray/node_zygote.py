@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainguard.backends.local.python_cmd import parse, startup_env_differs
-from trainguard.backends.local.store_keeper import KeeperError, StoreKeeper
+from trainguard.backends.local.rendezvous_keeper import KeeperError, RendezvousKeeper
 from trainguard.backends.local.zygote import Zygote, ZygoteError
 
 
 class NodeZygote:
     def __init__(self) -> None:
         self._zygote: Zygote | None = None
-        self._keeper: StoreKeeper | None = None  # holds the rendezvous stores of rank 0 here
+        self._keeper: RendezvousKeeper | None = None  # holds the rendezvous stores of rank 0 here
         self._exits: dict[int, int] = {}
         self._exited: dict[int, asyncio.Event] = {}  # pid -> set when it has exited
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from trainguard.backends.api import Launch, NoCapacity, NodeCheckOutcome
+from trainguard.backends.interface import Launch, NoCapacity, NodeCheckOutcome
 from trainguard.backends.ray.calls import CALL_S, bounded, label
 from trainguard.backends.ray.host import NODE_DEVICES_ENV, ReplicaHost
 from trainguard.backends.ray.node_check import alive_nodes, check_cluster

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainguard.backends.api import SERVICE_ENV, Launch
+from trainguard.backends.interface import SERVICE_ENV, Launch
 from trainguard.backends.local.preload_plan import resolve
 from trainguard.backends.local.warm_start import common_env, mark_hosted
 from trainguard.backends.local.zygote import expand

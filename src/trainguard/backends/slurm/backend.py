@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.backends.api import (
+from trainguard.backends.interface import (
     BackendEvent,
     Launch,
     NoCapacity,
@@ -50,8 +50,9 @@ from trainguard.backends.slurm.node_probe import with_readings
 from trainguard.backends.slurm.placement import layout_env, node_failure, place, srun_argv
 from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
 from trainguard.classify.own_errors import is_own_resource_errno
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.spec.engines import SlurmOptions
+from trainguard.storage.env import ENV_JOB_ID
 
 
 class SlurmBackend:
@@ -142,7 +143,7 @@ class SlurmBackend:
         self._where.update(placed)
         layout = layout_env(self._launched, self._where)
         for la in launches:
-            self._job_ids[la.replica] = la.env.get("TRAINGUARD_JOB_ID", "")
+            self._job_ids[la.replica] = la.env.get(ENV_JOB_ID, "")
             node = placed[la.replica]
             env, task_env = layout[la.replica]
             argv = srun_argv(
@@ -179,24 +180,24 @@ class SlurmBackend:
     def log_tail(self, replica: str) -> tuple[str, ...]:
         return self._inner.log_tail(replica)
 
-    async def snapshot(
+    async def dump_stacks(
         self,
         targets: Sequence[tuple[str, int, int]],
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
-    ) -> list[ReplicaSnapshot]:
+    ) -> list[ReplicaStacks]:
         """py-spy on each replica's own node, through a step beside its own, all at once."""
         steps = await self._steps()
         return list(await asyncio.gather(*(self._stacks(t, timeout_s, steps) for t in targets)))
 
     async def _stacks(
         self, target: tuple[str, int, int], timeout_s: float, steps: Mapping[str, str]
-    ) -> ReplicaSnapshot:
+    ) -> ReplicaStacks:
         name, rank, pid = target
         node, alloc = self._where.get(name), self._alloc
         job_id = self._job_id_of(name)
         if node is None or alloc is None or job_id is None:
-            return ReplicaSnapshot(name, rank, pid, "none", False, "not placed", 0.0, ())
+            return ReplicaStacks(name, rank, pid, "none", False, "not placed", 0.0, ())
         argv = [
             "srun",
             f"--jobid={alloc.job_id}",
@@ -216,10 +217,10 @@ class SlurmBackend:
         ]
         try:
             out = await cluster.run_slurm(argv, timeout_s=timeout_s + 15)
-            return ReplicaSnapshot.from_dict(json.loads(out.strip().splitlines()[-1]))
+            return ReplicaStacks.from_dict(json.loads(out.strip().splitlines()[-1]))
         except (SlurmError, ValueError, KeyError, IndexError) as exc:
             why = f"stacks on {node} through srun failed: {exc}"
-            return ReplicaSnapshot(name, rank, pid, "none", False, why, 0.0, ())
+            return ReplicaStacks(name, rank, pid, "none", False, why, 0.0, ())
 
     def _job_id_of(self, replica: str) -> str | None:
         """trainguard's job id, as the replica's environment carries it."""

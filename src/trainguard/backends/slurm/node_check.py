@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
-from trainguard.backends.api import NodeCheckOutcome
+from trainguard.backends.interface import NodeCheckOutcome
 from trainguard.backends.node_check.run import CheckNotRun, lines_of, run_check
 from trainguard.backends.slurm.cluster import Node
 from trainguard.policy.node_check import CHECK_LIMIT_S, describe_check, judge, keep_out

@@ -38,7 +38,7 @@ TYPE_CHECKING = False  # not `typing`'s: its import would cost each rank's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainguard.backends.api import ReplicaExited
+    from trainguard.backends.interface import ReplicaExited
     from trainguard.classify.readings import MachineReading
 
 MARKER = "trainguard-machine: "
@@ -52,7 +52,7 @@ FORWARDED = (
 )
 _WAITED = frozenset({*FORWARDED, signal.SIGCHLD})
 _PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)  # as subprocess's restore_signals
-_CHECKPOINT_ENV = "TRAINGUARD_CHECKPOINT_DIR"  # = storage_check.CHECKPOINT_DIR_ENV
+_CHECKPOINT_ENV = "TRAINGUARD_CHECKPOINT_DIR"  # = storage.env.ENV_CHECKPOINT_DIR (run bare)
 _CLIP = 1500  # of a reading's value and words: one marker line stays under MAX_LINE
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from trainguard.backends.api import Launch
+from trainguard.backends.interface import Launch
 from trainguard.backends.slurm.node_probe import wrapped_argv
 from trainguard.frameworks.node_env import placed_envs, slots, slurm_env
 
@@ -85,7 +85,7 @@ def srun_argv(
         "--nodes=1",
         "--ntasks=1",
         f"--nodelist={node}",
-        "--overlap",  # steps share the allocation's CPUs: a hang's snapshot step too
+        "--overlap",  # steps share the allocation's CPUs: a hang's stack dump step too
         "--kill-on-bad-exit=1",
         "--unbuffered",
         "--export=ALL",

@@ -6,7 +6,7 @@ The replica's process is the one on this node whose environment names the job an
 replica, and the Slurm step it runs in (the srun that started it, on the batch host,
 carries the first two as well; its own children, a data loader's workers, carry all:
 the eldest is it), not the `node_probe` wrapper it runs under.
-Prints one JSON object, the snapshot as `ReplicaSnapshot.to_dict` gives it.
+Prints one JSON object, the stacks as `ReplicaStacks.to_dict` gives them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from trainguard.hangs.snapshot import snapshot_all
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_dumps import dump_stacks
+from trainguard.hangs.stack_model import ReplicaStacks
+from trainguard.storage.env import ENV_JOB_ID, ENV_REPLICA
 
 _WRAPPER = b"/slurm/node_probe.py\0"  # in the command line of the wrapper a task runs in
 
@@ -28,7 +29,7 @@ def find_replica(
 ) -> int | None:
     """The pid of the replica's own process on this node, or None. `step`: (Slurm job id,
     step id) of the step it runs in."""
-    want = {f"TRAINGUARD_JOB_ID={job_id}".encode(), f"TRAINGUARD_REPLICA={replica}".encode()}
+    want = {f"{ENV_JOB_ID}={job_id}".encode(), f"{ENV_REPLICA}={replica}".encode()}
     if step is not None:
         want |= {f"SLURM_JOB_ID={step[0]}".encode(), f"SLURM_STEP_ID={step[1]}".encode()}
     found: dict[int, int] = {}  # pid -> parent pid
@@ -53,11 +54,11 @@ def main(argv: list[str]) -> int:
     pid = find_replica(job_id, replica, step)
     if pid is None:
         host = os.uname().nodename
-        snap = ReplicaSnapshot(
+        snap = ReplicaStacks(
             replica, rank, 0, "none", False, f"no process of {replica} on {host}", 0.0, ()
         )
     else:
-        (snap,) = asyncio.run(snapshot_all([(replica, rank, pid)], timeout_s=timeout_s))
+        (snap,) = asyncio.run(dump_stacks([(replica, rank, pid)], timeout_s=timeout_s))
     print(json.dumps(snap.to_dict()), flush=True)
     return 0
 

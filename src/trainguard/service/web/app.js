@@ -886,7 +886,7 @@
       if (r.cascade) extra.push(`<div><span class="k">cascade</span> ${esc(r.cascade)}</div>`);
       if (r.isolated) extra.push(`<div><span class="k">isolated</span> ${esc(r.isolated)}</div>`);
       if (r.matched_line && !(r.error_message || "").includes(r.matched_line)) extra.push(`<div><span class="k">matched</span> <span class="mono">${esc(r.matched_line)}</span></div>`);
-      if (snap) extra.push(`<div><span class="k">stacks</span> <button type="button" class="linkish" data-snapshot-at="${snapKey(snap)}">stack snapshot of attempt ${esc(snap.attempt)}</button></div>`);
+      if (snap) extra.push(`<div><span class="k">stacks</span> <button type="button" class="linkish" data-snapshot-at="${snapKey(snap)}">stack dump of attempt ${esc(snap.attempt)}</button></div>`);
       return `<li class="tl-item fcb-${slug(r.failure_class)}" data-testid="restart-record">
         <div class="tl-dot"></div>
         <div class="tl-body">
@@ -924,7 +924,7 @@
 
   function renderStacks(stacks) {
     if (!stacks.length) {
-      return `<p class="empty" data-testid="no-stacks">No stack snapshots. They are taken when a hang is detected, before its replicas are stopped.</p>`;
+      return `<p class="empty" data-testid="no-stacks">No stack dumps. They are taken when a hang is detected, before its replicas are stopped.</p>`;
     }
     const items = [...stacks].reverse().map((s, idx) => {
       const culprits = new Set(s.culprits || []);
@@ -939,7 +939,7 @@
             <td class="mono">${esc(d.replica)}${d.culprit ? ' <span class="culprit-tag">culprit</span>' : ""}</td>
             <td class="num">${esc(d.rank)}</td>
             <td><span class="badge sk-${slug(d.state)}">${esc(d.state)}</span></td>
-            <td>${dash(d.progress)}</td>
+            <td>${dash(d.pace ?? d.progress)}</td>
             <td class="small">${esc(d.reason)}</td></tr>`,
         )
         .join("");
@@ -968,7 +968,7 @@
           ${culprits.size ? `<span class="small">culprit${culprits.size > 1 ? "s" : ""}:</span> ${[...culprits].map(culpritChip).join(" ")}` : '<span class="small muted">no culprit named</span>'}
         </div>
         <p class="snap-summary" data-testid="snapshot-summary">${esc(s.summary)}</p>
-        ${diag ? `<table class="tbl diag"><thead><tr><th>Replica</th><th class="num">Rank</th><th>State</th><th>Progress</th><th>Why</th></tr></thead><tbody>${diag}</tbody></table>` : ""}
+        ${diag ? `<table class="tbl diag"><thead><tr><th>Replica</th><th class="num">Rank</th><th>State</th><th>Pace</th><th>Why</th></tr></thead><tbody>${diag}</tbody></table>` : ""}
         ${groups ? `<div class="groups"><div class="small muted">identical stacks, grouped (innermost frame first)</div>${groups}</div>` : ""}
         ${failed ? `<ul class="snap-failed small">${failed}</ul>` : ""}
       </article>`;

@@ -1,4 +1,6 @@
-"""Which replica fell behind? Judged from heartbeats alone, for when stacks cannot tell.
+"""Which replica fell behind? Judged from heartbeats alone, for when stacks cannot tell: each
+replica's pace ("stuck", "slow", "ok"). (A job's *progress* is its training steps and
+metrics, as the SDK reports them or its output shows them; this is not that.)
 
 Pure: the heartbeat history and the time are arguments.
 """

@@ -30,12 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.backends.storage_check import STORAGE_CHECK
-from trainguard.records import checkpoint_copy
-from trainguard.records.checkpoint_copy import Incoming, Listing
+from trainguard.storage import checkpoint_copy
+from trainguard.storage.checkpoint_copy import Incoming, Listing
 from trainguard.storage.private import private_dir
 
 MANIFEST = "trainguard-manifest.json"
+STORAGE_CHECK = ".trainguard-storage-check"
+"""The marker file the master writes at a job's start (`write_marker`): a host that reads
+its token back sees the job's storage (`backends.storage_check`)."""
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 Storage = Path | str  # a folder, or an fsspec URL
 
@@ -150,7 +152,7 @@ class _Remote:
         target = Path(tempfile.gettempdir()) / f"trainguard-ckpt-{key}" / name
         if not (target / MANIFEST).is_file():
             files = self.files(name)
-            shown = DownloadProgress(self.path(name), len(files), sum(files.values()))
+            shown = DownloadMeter(self.path(name), len(files), sum(files.values()))
             for rel, size in sorted(files.items(), key=lambda kv: kv[0] == MANIFEST):
                 out = target / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +169,7 @@ class _Remote:
         return f"{self.url}/{name}"
 
 
-class DownloadProgress:
+class DownloadMeter:
     """A resume's download, told on stderr (the replica's log) when it takes a while: what,
     how much, and every EVERY_S how far; a quick one says nothing."""
 
@@ -214,10 +216,10 @@ def _mb(n: float) -> str:
 
 def write_marker(storage: Storage, token: str) -> None:
     """The marker each host of the job reads back (backends.storage_check)."""
-    _store(storage).write(STORAGE_CHECK, token.encode())
+    _place(storage).write(STORAGE_CHECK, token.encode())
 
 
-def _store(storage: Storage) -> _Local | _Remote:
+def _place(storage: Storage) -> _Local | _Remote:
     return _Remote(str(storage)) if is_url(storage) else _Local(Path(storage))
 
 
@@ -225,9 +227,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest(store: _Local | _Remote, name: str) -> dict[str, Any] | None:
+def _manifest(place: _Local | _Remote, name: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(store.read(f"{name}/{MANIFEST}"))
+        data = json.loads(place.read(f"{name}/{MANIFEST}"))
     except (OSError, ValueError, KeyError):
         return None
     return data if isinstance(data, dict) else None
@@ -235,11 +237,11 @@ def _manifest(store: _Local | _Remote, name: str) -> dict[str, Any] | None:
 
 def entries(storage: Storage) -> list[Entry]:
     """The committed checkpoints (manifest present), oldest first."""
-    store = _store(storage)
+    place = _place(storage)
     out = []
-    for name in store.names():
+    for name in place.names():
         m = _NAME.match(name)
-        manifest = _manifest(store, name) if m else None
+        manifest = _manifest(place, name) if m else None
         if m and manifest is not None:
             out.append(Entry(name, int(m[1]), manifest.get("step"), manifest.get("metrics", {})))
     return sorted(out, key=lambda e: e.index)
@@ -259,12 +261,12 @@ def commit(
     }
     if not files:
         raise ValueError(f"checkpoint folder {src} holds no files: nothing to resume from")
-    store = _store(storage)
-    store.sweep()  # what writers killed mid-copy left
+    place = _place(storage)
+    place.sweep()  # what writers killed mid-copy left
     while True:  # two writers may race for a number: the one that lands first keeps it
         # past any checkpoint folder, complete or not: an upload killed before its
         # manifest leaves one that would take this number forever
-        last = max((int(m[1]) for n in store.names() if (m := _NAME.match(n))), default=0)
+        last = max((int(m[1]) for n in place.names() if (m := _NAME.match(n))), default=0)
         name = f"checkpoint_{last + 1:06d}"
         manifest = {
             "step": step,
@@ -273,7 +275,7 @@ def commit(
             "at_s": time.time(),
             "commit_ms": (time.time() - started_s) * 1000,  # the cost of a checkpoint
         }
-        if store.upload(found, name, json.dumps(manifest, indent=1).encode()):
+        if place.upload(found, name, json.dumps(manifest, indent=1).encode()):
             return name
 
 
@@ -284,7 +286,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 def manifest_of(storage: Storage, name: str) -> dict[str, Any] | None:
     """The manifest of a committed checkpoint; None if there is no such checkpoint."""
-    return _manifest(_store(storage), name) if _NAME.match(name) else None
+    return _manifest(_place(storage), name) if _NAME.match(name) else None
 
 
 def commit_ms(manifest: dict[str, Any]) -> float | None:
@@ -295,15 +297,15 @@ def commit_ms(manifest: dict[str, Any]) -> float | None:
 
 def verify(storage: Storage, name: str) -> bool:
     """True if every file of the checkpoint matches its manifest."""
-    store = _store(storage)
-    manifest = _manifest(store, name)
+    place = _place(storage)
+    manifest = _manifest(place, name)
     try:
         files = manifest["files"] if manifest else None
         return (
             isinstance(files, dict)
             and bool(files)
             and all(
-                _sha256(store.read(f"{name}/{rel}")) == meta["sha256"]
+                _sha256(place.read(f"{name}/{rel}")) == meta["sha256"]
                 for rel, meta in files.items()
             )
         )
@@ -313,7 +315,7 @@ def verify(storage: Storage, name: str) -> bool:
 
 def bad(storage: Storage) -> set[str]:
     try:
-        return set(json.loads(_store(storage).read("bad.json")))
+        return set(json.loads(_place(storage).read("bad.json")))
     except (OSError, ValueError, FileNotFoundError):
         return set()
 
@@ -321,7 +323,7 @@ def bad(storage: Storage) -> set[str]:
 def mark_bad(storage: Storage, name: str) -> None:
     """The training code could not load this checkpoint: never offer it again."""
     names = sorted(bad(storage) | {name})
-    _store(storage).write("bad.json", json.dumps(names).encode())
+    _place(storage).write("bad.json", json.dumps(names).encode())
 
 
 def latest(storage: Storage) -> Path | None:
@@ -329,7 +331,7 @@ def latest(storage: Storage) -> Path | None:
     skip = bad(storage)
     for entry in reversed(entries(storage)):
         if entry.name not in skip and verify(storage, entry.name):
-            return _store(storage).local_copy(entry.name)
+            return _place(storage).local_copy(entry.name)
     return None
 
 
@@ -354,9 +356,9 @@ def apply_retention(storage: Storage, **policy: Any) -> list[str]:
     writers left; returns what was deleted."""
     found = entries(storage)
     kept = to_keep(found, **policy)
-    store = _store(storage)
-    store.write("index.json", json.dumps({"checkpoints": kept}, indent=1).encode())
+    place = _place(storage)
+    place.write("index.json", json.dumps({"checkpoints": kept}, indent=1).encode())
     gone = [e.name for e in found if e.name not in kept]
     for name in gone:
-        store.remove(name)
-    return gone + store.sweep()
+        place.remove(name)
+    return gone + place.sweep()

@@ -1,4 +1,4 @@
-"""snapshot_all against real processes: py-spy in parallel, time-bounded, faulthandler fallback."""
+"""dump_stacks against real processes: py-spy in parallel, time-bounded, faulthandler fallback."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from conftest import alive, wait_for
 
-from trainguard.hangs.snapshot import find_py_spy, snapshot_all
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_dumps import dump_stacks, find_py_spy
+from trainguard.hangs.stack_model import ReplicaStacks
+
+pytestmark = pytest.mark.slow  # real processes to dump
 
 SLEEPER = """
 import sys, time
@@ -59,17 +61,17 @@ def spawn() -> Iterator[Spawn]:
         proc.stdout.close()
 
 
-def main_names(s: ReplicaSnapshot) -> list[str]:
+def main_names(s: ReplicaStacks) -> list[str]:
     main = next(t for t in s.threads if t.thread_name == "MainThread")
     return [f.name for f in main.frames]
 
 
 def run(
-    snapshots: Coroutine[Any, Any, list[ReplicaSnapshot]],
-) -> tuple[list[ReplicaSnapshot], float]:
-    """The snapshots and the seconds they took."""
+    dumps: Coroutine[Any, Any, list[ReplicaStacks]],
+) -> tuple[list[ReplicaStacks], float]:
+    """The stack dumps and the seconds they took."""
     t0 = time.monotonic()
-    result = asyncio.run(snapshots)
+    result = asyncio.run(dumps)
     return result, time.monotonic() - t0
 
 
@@ -81,7 +83,7 @@ def gone_pid() -> int:
 @needs_py_spy
 def test_two_real_processes_in_parallel(spawn: Spawn) -> None:
     a, b = spawn("stuck_here"), spawn("somewhere_else")
-    snaps, took_s = run(snapshot_all([("w0", 0, a.pid), ("w1", 1, b.pid)], timeout_s=10))
+    snaps, took_s = run(dump_stacks([("w0", 0, a.pid), ("w1", 1, b.pid)], timeout_s=10))
     assert [s.replica for s in snaps] == ["w0", "w1"]
     for s in snaps:
         assert s.ok, s.error
@@ -97,7 +99,7 @@ def test_a_missing_process_fails_fast_without_raising(tmp_path: Path) -> None:
     fh = tmp_path / "ghost.stacks.txt"
     fh.write_text("")
     snaps, took_s = run(
-        snapshot_all(
+        dump_stacks(
             [("ghost", 0, gone_pid()), ("nopid", 1, 0)],
             timeout_s=2,
             faulthandler_files={"ghost": fh, "nopid": fh},
@@ -115,7 +117,7 @@ def test_a_hung_py_spy_is_killed_at_the_timeout(tmp_path: Path, spawn: Spawn) ->
     fake.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
     fake.chmod(0o755)
     target = spawn("stuck_here")
-    snaps, took_s = run(snapshot_all([("w0", 0, target.pid)], timeout_s=1.0, py_spy=str(fake)))
+    snaps, took_s = run(dump_stacks([("w0", 0, target.pid)], timeout_s=1.0, py_spy=str(fake)))
     assert took_s < 1.5
     (s,) = snaps
     assert not s.ok and "no answer within" in (s.error or "")
@@ -130,7 +132,7 @@ def test_faulthandler_fallback_when_py_spy_is_missing(tmp_path: Path, spawn: Spa
     fh.write_text("an earlier dump that must be ignored\n")
     proc = spawn("stuck_here", str(fh), setup=FAULTHANDLER_SETUP)
     snaps, took_s = run(
-        snapshot_all(
+        dump_stacks(
             [("w0", 0, proc.pid)],
             timeout_s=5,
             faulthandler_files={"w0": fh},
@@ -153,7 +155,7 @@ def test_no_sigusr2_for_a_process_that_did_not_register_faulthandler(
     fh.write_text("")
     proc = spawn("stuck_here")
     snaps, _ = run(
-        snapshot_all(
+        dump_stacks(
             [("w0", 0, proc.pid)], timeout_s=2, faulthandler_files={"w0": fh}, py_spy="/nope"
         )
     )
@@ -164,14 +166,14 @@ def test_no_sigusr2_for_a_process_that_did_not_register_faulthandler(
 
 @needs_py_spy
 @pytest.mark.parametrize("n", [2, 8])
-def test_time_to_snapshot_sleeping_processes_with_native(spawn: Spawn, n: int) -> None:
+def test_time_to_dump_sleeping_processes_with_native(spawn: Spawn, n: int) -> None:
     procs = [spawn("stuck_here") for _ in range(n)]
     targets = [(f"w{i}", i, p.pid) for i, p in enumerate(procs)]
-    snaps, took_s = run(snapshot_all(targets, timeout_s=10, native=True))
+    snaps, took_s = run(dump_stacks(targets, timeout_s=10, native=True))
     assert all(s.ok and s.tool == "py-spy --native" for s in snaps), [s.error for s in snaps]
     each = sorted(s.duration_ms for s in snaps)
     print(
-        f"\nsnapshot of {n} sleeping processes with --native: {took_s * 1000:.0f} ms in all, "
+        f"\nstack dump of {n} sleeping processes with --native: {took_s * 1000:.0f} ms in all, "
         f"per process {each[0]:.0f}-{each[-1]:.0f} ms (cpus: {os.cpu_count()})"
     )
     wait_for(lambda: all(p.poll() is None for p in procs), timeout=1, what="all still alive")

@@ -128,7 +128,7 @@ class Incoming:
 
 
 def copy(files: Listing, into: Path) -> None:
-    """Contents and the owner's modes (the copy is private: `records.private`); each
+    """Contents and the owner's modes (the copy is private: `storage.private`); each
     file's time is the copy's (what `sweep` reads)."""
     for rel in files.folders:
         private_dir(into / rel)

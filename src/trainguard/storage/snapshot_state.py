@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainguard.records.snapshots import ALIGN, Copy
+from trainguard.storage.snapshots import ALIGN, Copy
 
 PICKLE = "pickle"
 TENSORS = "tensors"

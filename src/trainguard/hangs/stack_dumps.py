@@ -3,7 +3,7 @@
 py-spy reads a process's stacks from outside (ptrace), so it works even when the
 process is stuck in C code holding the GIL. When it is missing or cannot attach, a
 replica that registered `faulthandler.register(SIGUSR2, file=..., all_threads=True)`
-is asked to dump its own stacks. A snapshot that fails or times out is recorded as
+is asked to dump its own stacks. A dump that fails or times out is recorded as
 such: diagnosis must never hold up recovery, nor raise.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainguard.hangs.stack_model import ReplicaSnapshot, ThreadStack
+from trainguard.hangs.stack_model import ReplicaStacks, ThreadStack
 from trainguard.hangs.stack_parsers import parse_faulthandler, parse_py_spy_json
 
 FAULTHANDLER_POLL_S = 0.02
@@ -39,14 +39,14 @@ def find_py_spy() -> str | None:
     return str(beside) if os.access(beside, os.X_OK) else None
 
 
-async def snapshot_all(
+async def dump_stacks(
     targets: Sequence[tuple[str, int, int]],
     *,
     timeout_s: float = 10.0,
     native: bool = True,
     faulthandler_files: Mapping[str, Path] | None = None,
     py_spy: str | None = None,
-) -> list[ReplicaSnapshot]:
+) -> list[ReplicaStacks]:
     """Snapshot every (replica, rank, pid) in parallel, each within `timeout_s`.
 
     Per target: `py-spy dump --json --native`, then without --native if that failed,
@@ -59,14 +59,14 @@ async def snapshot_all(
     return list(
         await asyncio.gather(
             *(
-                _snapshot_one(replica, rank, pid, binary, native, files.get(replica), timeout_s)
+                _dump_one(replica, rank, pid, binary, native, files.get(replica), timeout_s)
                 for replica, rank, pid in targets
             )
         )
     )
 
 
-async def _snapshot_one(
+async def _dump_one(
     replica: str,
     rank: int,
     pid: int,
@@ -74,10 +74,10 @@ async def _snapshot_one(
     native: bool,
     fh_file: Path | None,
     timeout_s: float,
-) -> ReplicaSnapshot:
+) -> ReplicaStacks:
     start = time.monotonic()
     if pid <= 0:  # os.kill(0, ...) would signal our own process group
-        return ReplicaSnapshot(replica, rank, pid, "none", False, f"no pid ({pid})", 0.0, ())
+        return ReplicaStacks(replica, rank, pid, "none", False, f"no pid ({pid})", 0.0, ())
     deadline = start + timeout_s
     attempts: list[tuple[str, list[str]]] = []
     if binary is not None:
@@ -110,7 +110,7 @@ async def _snapshot_one(
             errors.append(f"faulthandler: {exc}")
         else:
             return _done(replica, rank, pid, tool, start, threads)
-    return ReplicaSnapshot(replica, rank, pid, tool, False, "; ".join(errors), _ms(start), ())
+    return ReplicaStacks(replica, rank, pid, tool, False, "; ".join(errors), _ms(start), ())
 
 
 def process_state(pid: int) -> str | None:
@@ -124,8 +124,8 @@ def process_state(pid: int) -> str | None:
 
 def _done(
     replica: str, rank: int, pid: int, tool: str, start: float, threads: tuple[ThreadStack, ...]
-) -> ReplicaSnapshot:
-    return ReplicaSnapshot(replica, rank, pid, tool, True, None, _ms(start), threads)
+) -> ReplicaStacks:
+    return ReplicaStacks(replica, rank, pid, tool, True, None, _ms(start), threads)
 
 
 def _ms(start: float) -> float:
@@ -150,7 +150,7 @@ async def _py_spy(argv: list[str], timeout_s: float) -> tuple[ThreadStack, ...]:
     except TimeoutError:
         raise _Failed(f"no answer within {timeout_s:.1f} s") from None
     finally:
-        if proc.returncode is None:  # timed out, or the whole snapshot was cancelled
+        if proc.returncode is None:  # timed out, or the whole dump was cancelled
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()

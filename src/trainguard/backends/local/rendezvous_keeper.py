@@ -95,7 +95,7 @@ def _serve(sock: socket.socket) -> None:
 # ---------------------------------------------------------------- the master's side
 
 
-class StoreKeeper:
+class RendezvousKeeper:
     """The master's end of a keeper: `open` asks for a fresh store."""
 
     def __init__(self, sock: socket.socket, pid: int) -> None:

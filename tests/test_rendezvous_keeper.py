@@ -1,4 +1,4 @@
-"""The rendezvous store held by trainguard (backends/local/store_keeper.py): every rank of a
+"""The rendezvous store held by trainguard (backends/local/rendezvous_keeper.py): every rank of a
 warm-started torch job connects to a store that already listens, as under torchrun."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import TG
 
-from trainguard.backends.local.store_keeper import KEEP, KeeperError
+from trainguard.backends.local.rendezvous_keeper import KEEP, KeeperError
 from trainguard.backends.local.zygote import Zygote
 
 pytestmark = pytest.mark.slow

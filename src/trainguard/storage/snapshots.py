@@ -359,8 +359,3 @@ def load(folder: Path, rank: int) -> tuple[Header, bytearray] | None:
     if found is None or found[0].rank != rank:
         return None
     return found
-
-
-def is_snapshot(folder: Path) -> bool:
-    """A folder (a durable checkpoint) made of snapshot files."""
-    return (folder / rank_file(0)).is_file()

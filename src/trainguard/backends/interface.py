@@ -1,4 +1,6 @@
-"""The backend seam: start replicas, stop them, and report what happens to them as events.
+"""The interface every backend implements, the seam between the master and processes or
+machines: start replicas, stop them, and report what happens to them as events. (The one
+`api` module is the server's HTTP API, `service.api`.)
 
 The master never touches a process directly; everything it learns arrives as a
 `BackendEvent` through the `emit` callback it binds, in the order it happened.
@@ -13,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.classify.readings import MachineReading
-from trainguard.hangs.stack_model import ReplicaSnapshot
+from trainguard.hangs.stack_model import ReplicaStacks
 
 SERVICE_ENV = "TRAINGUARD_SERVICE"
 """Set (to its role) in the launch of a framework's own process (torchft's Lighthouse):
@@ -168,12 +170,12 @@ class Backend(Protocol):
     def log_tail(self, replica: str) -> tuple[str, ...]:
         """The last lines the current run of `replica` printed."""
 
-    async def snapshot(
+    async def dump_stacks(
         self,
         targets: Sequence[tuple[str, int, int]],
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
-    ) -> list[ReplicaSnapshot]:
+    ) -> list[ReplicaStacks]:
         """Every (replica, rank, pid)'s stacks, taken where it runs, within `timeout_s`."""
 
     def isolate_after(self, replica: str, c: Classification) -> str | None:
