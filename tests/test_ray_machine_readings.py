@@ -98,6 +98,49 @@ def test_a_stop_or_a_clean_exit_asks_the_node_for_nothing(tmp_path: Path) -> Non
     assert stopped.machine.calls == clean.machine.calls == 0
 
 
+def test_a_stop_while_its_node_is_read_leaves_an_exit_its_own_and_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """The replica died of its own bug; its peer's cascade made the master stop the rest
+    while this node's readings were on their way: the exit is told before the stop returns,
+    as a failure (not as stopped), and nothing is signalled."""
+    backend = RayBackend({}, RayOptions())
+    events: list[BackendEvent] = []
+    backend.bind(events.append)
+    reading = asyncio.Event()
+
+    async def machine(*_args: Any) -> Any:
+        await reading.wait()
+        return to_json((NOTHING,))
+
+    actor = _Actor(1, None)
+    actor.machine = _Method(machine)
+    signals: list[Any] = []
+
+    async def signal(*args: Any) -> None:
+        signals.append(args)
+
+    actor.signal = _Method(signal)  # type: ignore[attr-defined]
+    launch = Launch(0, "w0", 0, 0, ("python",), {}, "/", tmp_path / "w0.log")
+    run = _Run(launch, actor, {"ip": "10.0.0.2", "node_id": "a" * 40}, None, backend._on_output)
+    backend._runs["w0"] = run
+
+    async def race() -> list[BackendEvent]:
+        pump = asyncio.ensure_future(backend._pump(run))
+        while actor.machine.calls == 0:
+            await asyncio.sleep(0)
+        asyncio.get_running_loop().call_later(0.05, reading.set)
+        await backend.stop(["w0"], grace_s=5.0)
+        told = list(events)
+        await pump
+        return told
+
+    told = [e for e in asyncio.run(race()) if isinstance(e, ReplicaExited)]
+    assert [e.evidence.stop_requested for e in told] == [False]
+    assert told[0].evidence.returncode == 1 and told[0].evidence.machine == (NOTHING,)
+    assert signals == []
+
+
 def test_a_node_that_gives_no_readings_is_an_absent_kernel_log(tmp_path: Path) -> None:
     gone = _Actor(-9, RuntimeError("The actor died unexpectedly\nbefore finishing"))
     (r,) = _exit_of(tmp_path, gone).evidence.machine

@@ -133,6 +133,36 @@ def test_a_running_allocation_tells_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     assert [type(ev) for ev in seen] == [ReplicaExited]
 
 
+def test_a_stop_returns_after_the_failed_exits_whose_nodes_were_being_probed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """worker-1 died of its own bug and its node is still being probed when worker-0's
+    cascade makes the master stop the rest: the stop tells worker-1's exit before it
+    returns, so the master settles with the root cause in hand (CI, 994c53b)."""
+    backend, seen = _slurm(ALIVE, [], monkeypatch)
+    slow = asyncio.Event()
+
+    async def probe(node: Node, timeout_s: float) -> Probe:
+        await slow.wait()
+        return ALIVE[node.name]
+
+    async def nothing(*_args: object) -> None:
+        return None
+
+    monkeypatch.setattr(cluster, "probe", probe)
+    monkeypatch.setattr(backend._inner, "stop", nothing)
+    monkeypatch.setattr(backend, "_cancel_steps", nothing)
+
+    async def race() -> list[object]:
+        backend._from_inner(_exit(ExitEvidence("worker-1", 1, log_tail=("KeyError: 'lr'",))))
+        asyncio.get_running_loop().call_later(0.05, slow.set)
+        await backend.stop(["worker-1"], grace_s=1.0)
+        return list(seen)
+
+    told = asyncio.run(race())
+    assert [ev.replica for ev in told if isinstance(ev, ReplicaExited)] == ["worker-1"]
+
+
 @pytest.mark.parametrize(
     ("line", "ended"),
     [

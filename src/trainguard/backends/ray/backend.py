@@ -67,6 +67,7 @@ class _Run:
         )
         self.pid = 0
         self.stop_requested = False
+        self.exited = False  # on its own: its code is read, its node's readings are not yet
         self.done = asyncio.Event()
 
 
@@ -182,6 +183,7 @@ class RayBackend:
             run.output.feed(data)
             if code is not None:
                 break
+        run.exited = code is not None
         machine: tuple[MachineReading, ...] = ()
         if code and not run.stop_requested:  # a failure: what its node's machine said
             machine = await node_readings(run.actor, label(run.node))
@@ -250,17 +252,18 @@ class RayBackend:
         runs = [self._runs[r] for r in replicas if r in self._runs]
         if not runs:
             return
-        for run in runs:
-            run.stop_requested = True
-        await asyncio.gather(*(self._signal(r, signal.SIGTERM, True) for r in runs))
-        await asyncio.gather(*(self._signal(r, signal.SIGCONT, True) for r in runs))
+        for run in runs:  # one that exited on its own is told as it ended, not as stopped
+            run.stop_requested = run.stop_requested or not run.exited
+        live = [r for r in runs if not r.exited]
+        await asyncio.gather(*(self._signal(r, signal.SIGTERM, True) for r in live))
+        await asyncio.gather(*(self._signal(r, signal.SIGCONT, True) for r in live))
         waits = [asyncio.ensure_future(r.done.wait()) for r in runs]
         _, pending = await asyncio.wait(waits, timeout=grace_s)
         if pending:
-            late = [r for r in runs if not r.done.is_set()]
+            late = [r for r in live if not r.done.is_set()]
             await asyncio.gather(*(self._signal(r, signal.SIGKILL, True) for r in late))
             _, pending = await asyncio.wait(pending, timeout=CALL_S)
-            for run in runs:  # no answer even to SIGKILL: its node is as good as gone
+            for run in late:  # no answer even to SIGKILL: its node is as good as gone
                 self._finish(run, None, "its node did not answer a stop")
 
     async def close(self) -> None:

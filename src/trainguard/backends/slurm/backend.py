@@ -81,6 +81,7 @@ class SlurmBackend:
         self._where: dict[str, str] = {}  # replica -> the node of its current run
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._reading: set[asyncio.Future[None]] = set()  # failed exits, their nodes probed
         self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
         self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
 
@@ -159,8 +160,13 @@ class SlurmBackend:
         await self._inner.start(steps)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        """Stopped, and every failed exit whose node was still being probed told: a
+        replica that died on its own a moment before the stop is its peers' root cause,
+        and the master settles on the exits it has when this returns."""
         await self._inner.stop(replicas, grace_s)
         await self._cancel_steps(replicas)
+        if self._reading:
+            await asyncio.wait(list(self._reading))
 
     async def signal(self, replica: str, signum: int) -> bool:
         """The remote task itself (`scancel --signal` of its step), as a fault would hit it."""
@@ -323,7 +329,10 @@ class SlurmBackend:
         if ev.evidence.stop_requested or ev.evidence.returncode == 0 or _own_fault(ev):
             self._emit(ev)
             return
-        self._keep(asyncio.ensure_future(self._failed(ev)))
+        reading = asyncio.ensure_future(self._failed(ev))
+        self._reading.add(reading)
+        reading.add_done_callback(self._reading.discard)
+        self._keep(reading)
 
     async def _failed(self, ev: ReplicaExited) -> None:
         """A replica failed: first, whether the allocation itself ended (scancel of an
