@@ -17,7 +17,7 @@ from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from corpus_real_eval import Case, by_rules, load
 

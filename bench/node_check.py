@@ -1,12 +1,14 @@
-"""The node check's cost, and what it finds, on hosts that share nothing (tests/hosts.py).
+"""The node check's cost, and what it finds, on hosts that share nothing
+(tests/clusters/hosts.py).
 
 Each host is a network namespace on a bridge; the check (trainguard.backends.node_check)
 runs on 2 and on 3 of them at once, as the Slurm backend runs it (`--via slurm`: one
-`srun` step a node, inside `salloc -N3` on the real cluster of tests/slurmcluster.py) or
-entered directly (`--via hosts`: nsenter, no Slurm). Printed: the median seconds of the
-whole check (process start included) over `--runs`, then what it finds on 3 hosts when
-host 1's link is slowed (`tc qdisc ... netem delay 200ms` on its cable, or where the
-kernel has no netem, a 20 Mbit/s `tbf`) and when it is cut (`ip link set ... down`).
+`srun` step a node, inside `salloc -N3` on the real cluster of
+tests/clusters/slurmcluster.py) or entered directly (`--via hosts`: nsenter, no Slurm).
+Printed: the median seconds of the whole check (process start included) over `--runs`,
+then what it finds on 3 hosts when host 1's link is slowed (`tc qdisc ... netem delay
+200ms` on its cable, or where the kernel has no netem, a 20 Mbit/s `tbf`) and when it is
+cut (`ip link set ... down`).
 
     flock /tmp/tg-cluster.lock .venv/bin/python bench/node_check.py --via slurm --runs 5
 
@@ -29,7 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "clusters"))
 
 from hosts import Host, Hosts, hosts_on_a_bridge  # noqa: E402
 from slurmcluster import SlurmCluster, require_slurm, sweep  # noqa: E402

@@ -1,7 +1,7 @@
 """A Slurm node dies under a 2-node DDP job: trainguard against `srun torchrun --max-restarts`.
 
-Both run on the same real 3-node Slurm cluster (tests/slurmcluster.py: slurmctld, slurmd
-and munged on hosts that share nothing), in an allocation of 3 nodes (`salloc -N3
+Both run on the same real 3-node Slurm cluster (tests/clusters/slurmcluster.py: slurmctld,
+slurmd and munged on hosts that share nothing), in an allocation of 3 nodes (`salloc -N3
 --no-kill`), the same example (examples/ddp_train.py, checkpoint every 10 steps), and the
 same fault: the machine of rank 1 dies at step 30 (every process of its host killed:
 slurmd, slurmstepd, the rank). Measured from the kill:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "clusters"))
 
 from hosts import hosts_on_a_bridge  # noqa: E402
 from slurmcluster import SlurmCluster, require_slurm, sweep  # noqa: E402

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests drive for real: PostgreSQL (a private server is
-# started by tests/postgres.py), Chromium (the web page's browser tests), iproute2 and
-# util-linux (tests/hosts.py: hosts that share nothing, in network and mount namespaces),
-# and Slurm with MUNGE (tests/slurmcluster.py: a private 3-node cluster on those hosts; it
-# starts its own daemons, with its own configuration and key, not the packaged services).
+# started by tests/clusters/postgres.py), Chromium (the web page's browser tests), iproute2
+# and util-linux (tests/clusters/hosts.py: hosts that share nothing, in network and mount
+# namespaces), and Slurm with MUNGE (tests/clusters/slurmcluster.py: a private 3-node
+# cluster on those hosts; it starts its own daemons, with its own configuration and key,
+# not the packaged services).
 # Safe to run again: does nothing when they are there. Needs root or sudo on a fresh machine.
 set -euo pipefail
 shopt -s nullglob

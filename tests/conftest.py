@@ -152,21 +152,13 @@ def _process_guard(item: pytest.Item) -> Iterator[None]:
 
         return refused
 
-    patches: list[tuple[Any, str, Any]] = [
-        (subprocess.Popen, "_execute_child", refuse("subprocess.Popen")),
-        (_posixsubprocess, "fork_exec", refuse("fork_exec")),
-    ]
-    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
-        if hasattr(os, name):
-            patches.append((os, name, refuse(f"os.{name}")))
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, fake in patches:
-        setattr(owner, name, fake)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", refuse("subprocess.Popen"))
+        mp.setattr(_posixsubprocess, "fork_exec", refuse("fork_exec"))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            if hasattr(os, name):
+                mp.setattr(os, name, refuse(f"os.{name}"))
         yield
-    finally:
-        for owner, name, real in saved:
-            setattr(owner, name, real)
     if tried:  # the code under test caught the failure: the test fails all the same
         pytest.fail(
             f"{item.nodeid} is not marked slow but starts processes: {tried}", pytrace=False

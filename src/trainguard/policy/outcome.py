@@ -4,7 +4,7 @@ A decision is scored by what it costs the job: a retryable failure that is not r
 ends a job that a restart would have saved (a *false stop*: a person must restart it,
 often the next morning); a permanent failure that is retried costs one attempt (the
 history rule ends it at its second occurrence at the same point). `trainguard classify`
-and the corpus' scores (tests/corpus_real_eval.py) ask this module, so both say what the
+and the corpus' scores (tests/support/corpus_real_eval.py) ask this module, so both say what the
 master would do, not what a reading of the log leans to.
 """
 

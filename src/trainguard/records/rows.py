@@ -1,6 +1,6 @@
 """Typed rows of the store (issue 15): one frozen dataclass per table.
 
-Each has exactly its table's columns, in order (tests/test_rows.py holds them together);
+Each has exactly its table's columns, in order (tests/unit/test_rows.py holds them together);
 modules read attributes that mypy checks, not string keys. `as_dict` gives the plain
 mapping where a row leaves the process (JSON for the API and `--json`).
 """

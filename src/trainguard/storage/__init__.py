@@ -4,7 +4,7 @@ job's storage, snapshots of the training state in shared memory, folders and fil
 this user's only, the `TRAINGUARD_*` environment names, fresh job ids and tokens.
 
 Importing any of it must not pull the master, the backends or the policy into a training
-process (tests/test_storage_layer.py counts the modules).
+process (tests/e2e/test_storage_layer.py counts the modules).
 """
 
 __all__ = [

@@ -1,0 +1,210 @@
+"""The Slurm backend's reading of a replica's failure (issues 19, 37), its Slurm calls
+replaced by their answers: a node whose slurmd does not answer is lost; a probe this
+machine could not make, or a replica it could not start (EMFILE), loses no node; an
+allocation Slurm ended (scancel of an salloc) is the master's cancel, told once and ahead
+of the exits it caused. The same on a real cluster: tests/e2e/test_slurm_misreads.py."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+
+from trainguard.backends.interface import ReplicaExited
+from trainguard.backends.slurm import cluster
+from trainguard.backends.slurm.backend import SlurmBackend
+from trainguard.backends.slurm.cluster import (
+    Allocation,
+    Answer,
+    Node,
+    Probe,
+    SlurmError,
+    ended_state,
+)
+from trainguard.classify.classes import ExitEvidence, FailureClass
+from trainguard.classify.exits import classify_exit
+from trainguard.master.runner import OutsideCancels
+from trainguard.spec.engines import SlurmOptions
+
+ALIVE = {"n0": Probe(Answer.ALIVE), "n1": Probe(Answer.ALIVE)}
+
+
+def _slurm(
+    probes: dict[str, Probe],
+    asked: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    ended: str | None = None,
+) -> tuple[SlurmBackend, list[object]]:
+    """A Slurm backend of two replicas on n0 and n1 in allocation 7: its probes answer
+    `probes`, Slurm says the allocation ended as `ended`. What it tells the master, in
+    order: its events, and ("on_ended", why) when it reports the allocation's end."""
+    seen: list[object] = []
+    backend = SlurmBackend(
+        SlurmOptions(), replicas=2, on_ended=lambda why: seen.append(("on_ended", why))
+    )
+    backend.bind(seen.append)
+    backend._alloc = Allocation("7", ("n0", "n1"))
+    backend._nodes = {n: Node(n, f"10.0.0.{i}", "MIXED") for i, n in enumerate(probes)}
+    backend._where = {"worker-0": "n0", "worker-1": "n1"}
+
+    async def probe(node: Node, timeout_s: float) -> Probe:
+        asked.append(node.name)
+        return probes[node.name]
+
+    async def allocation_end(job_id: str) -> str | None:
+        asked.append(f"job {job_id}")
+        return ended
+
+    monkeypatch.setattr(cluster, "probe", probe)
+    monkeypatch.setattr(cluster, "allocation_end", allocation_end)
+    return backend, seen
+
+
+def _exit(ev: ExitEvidence) -> ReplicaExited:
+    return ReplicaExited(0, ev.replica, 0, None, ev, 1.0)
+
+
+async def _deliver(backend: SlurmBackend, ev: ReplicaExited) -> None:
+    backend._from_inner(ev)
+    if backend._tasks:
+        await asyncio.wait(list(backend._tasks))
+
+
+def test_slurm_probes_no_node_for_a_spawn_out_of_descriptors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    lost = Probe(Answer.LOST, "refused")
+    backend, seen = _slurm({"n0": lost, "n1": lost}, asked, monkeypatch)
+    ev = ExitEvidence("worker-0", None, spawn_error="cannot start", spawn_errno=errno.EMFILE)
+    asyncio.run(_deliver(backend, _exit(ev)))
+    assert asked == []  # no node is to blame: none is probed
+    (out,) = seen
+    assert isinstance(out, ReplicaExited)
+    assert out.evidence.node_lost is None
+    assert classify_exit(out.evidence).failure_class is FailureClass.INTERNAL
+
+
+def test_slurm_loses_no_node_whose_probe_could_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    unknown = Probe(Answer.UNKNOWN, "the probe could not run here: EMFILE")
+    backend, seen = _slurm({"n0": unknown, "n1": unknown}, [], monkeypatch)
+    asyncio.run(_deliver(backend, _exit(ExitEvidence("worker-0", 1))))
+    (out,) = seen
+    assert isinstance(out, ReplicaExited) and out.evidence.node_lost is None
+    assert classify_exit(out.evidence).failure_class is not FailureClass.NODE_LOST
+    assert backend._excluded == {}
+
+
+def test_slurm_still_loses_a_node_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, seen = _slurm(
+        {"n0": Probe(Answer.LOST, "refused"), "n1": Probe(Answer.ALIVE)}, [], monkeypatch
+    )
+    asyncio.run(_deliver(backend, _exit(ExitEvidence("worker-0", 1))))
+    (out,) = seen
+    assert isinstance(out, ReplicaExited) and out.evidence.node_lost is not None
+    assert "n0" in out.evidence.node_lost
+
+
+def test_an_allocation_slurm_ended_is_a_cancel_told_once_before_the_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    backend, seen = _slurm(ALIVE, asked, monkeypatch, ended="CANCELLED")
+
+    async def both() -> None:
+        backend._from_inner(_exit(ExitEvidence("worker-0", 143)))
+        backend._from_inner(_exit(ExitEvidence("worker-1", 1, log_tail=("srun: error: x",))))
+        await asyncio.wait(list(backend._tasks))
+
+    asyncio.run(both())
+    assert seen[0] == (
+        "on_ended",
+        "cancelled (Slurm ended allocation 7: CANCELLED; scancel, a time limit or a preemption)",
+    )
+    assert [type(ev) for ev in seen[1:]] == [ReplicaExited, ReplicaExited]
+    assert asked == ["job 7"]  # one question for both failures, and no probe
+    assert all(isinstance(ev, ReplicaExited) and ev.evidence.node_lost is None for ev in seen[1:])
+
+
+def test_a_running_allocation_tells_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, seen = _slurm(ALIVE, [], monkeypatch, ended=None)
+    asyncio.run(_deliver(backend, _exit(ExitEvidence("worker-0", 1))))
+    assert [type(ev) for ev in seen] == [ReplicaExited]
+
+
+def test_a_stop_returns_after_the_failed_exits_whose_nodes_were_being_probed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """worker-1 died of its own bug and its node is still being probed when worker-0's
+    cascade makes the master stop the rest: the stop tells worker-1's exit before it
+    returns, so the master settles with the root cause in hand (CI, 994c53b)."""
+    backend, seen = _slurm(ALIVE, [], monkeypatch)
+    slow = asyncio.Event()
+
+    async def probe(node: Node, timeout_s: float) -> Probe:
+        await slow.wait()
+        return ALIVE[node.name]
+
+    async def nothing(*_args: object) -> None:
+        return None
+
+    monkeypatch.setattr(cluster, "probe", probe)
+    monkeypatch.setattr(backend._inner, "stop", nothing)
+    monkeypatch.setattr(backend, "_cancel_steps", nothing)
+
+    async def race() -> list[object]:
+        backend._from_inner(_exit(ExitEvidence("worker-1", 1, log_tail=("KeyError: 'lr'",))))
+        asyncio.get_running_loop().call_later(0.05, slow.set)
+        await backend.stop(["worker-1"], grace_s=1.0)
+        return list(seen)
+
+    told = asyncio.run(race())
+    assert [ev.replica for ev in told if isinstance(ev, ReplicaExited)] == ["worker-1"]
+
+
+@pytest.mark.parametrize(
+    ("line", "ended"),
+    [
+        ("JobId=7 JobName=sh JobState=RUNNING Reason=None", None),
+        ("JobId=7 JobName=sh JobState=CANCELLED Reason=None", "CANCELLED"),
+        ("JobId=7 JobName=sh JobState=COMPLETING Reason=None", "COMPLETING"),
+        ("JobId=7 JobName=sh JobState=TIMEOUT Reason=TimeLimit", "TIMEOUT"),
+        ("JobId=7 JobName=sh JobState=SUSPENDED Reason=None", None),
+        ("", None),
+    ],
+)
+def test_the_state_of_an_allocation(line: str, ended: str | None) -> None:
+    assert ended_state(line) == ended
+
+
+def test_slurm_ending_the_allocation_cancels_only_where_no_signal_did() -> None:
+    """Under salloc only the end says so: it cancels. Under sbatch SIGTERM comes with it:
+    the end adds no second cancel (one that would stop the replicas without grace)."""
+    salloc, sbatch = OutsideCancels(), OutsideCancels()
+    asked: list[str] = []
+    salloc.cancel = sbatch.cancel = asked.append
+    salloc.ended("cancelled (Slurm ended allocation 7: CANCELLED)")
+    sbatch.signalled("cancelled (SIGTERM from Slurm)")
+    sbatch.ended("cancelled (Slurm ended allocation 8: CANCELLED)")
+    sbatch.signalled("cancelled (SIGINT)")  # a second signal still escalates
+    assert asked == [
+        "cancelled (Slurm ended allocation 7: CANCELLED)",
+        "cancelled (SIGTERM from Slurm)",
+        "cancelled (SIGINT)",
+    ]
+
+
+def test_a_rendezvous_whose_probes_cannot_run_is_an_error_here_not_too_few_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unknown = Probe(Answer.UNKNOWN, "the probe could not run here: EMFILE (Too many open files)")
+    backend, _seen = _slurm({"n0": unknown, "n1": unknown}, [], monkeypatch)
+
+    async def nodes(names: list[str]) -> dict[str, Node]:
+        return backend._nodes
+
+    monkeypatch.setattr(cluster, "nodes", nodes)
+    with pytest.raises(SlurmError, match="Slurm node n0: the probe could not run here: EMFILE"):
+        asyncio.run(backend.rendezvous())  # not NoCapacity: no node is lost or excluded
+    assert backend._excluded == {}
