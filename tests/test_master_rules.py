@@ -1,5 +1,6 @@
 """The master's last rules of its own, as pure functions over a frozen view (issue 39):
-when an attempt runs, success once replicas were given up, when a wait for capacity
+what an exit makes of its replica and whether it is judged, when an attempt runs,
+success once replicas were given up (or groups left down), when a wait for capacity
 starts, the exit-hang deferral during start-up, a hang's culprit, what an internal error
 leads to, and when a replica counts as trained. Tables; nothing runs."""
 
@@ -9,14 +10,17 @@ import dataclasses
 
 import pytest
 
-from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE
+from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE, ExitKind
 from trainguard.policy.actions import Decision, FailJob, Ignore, RestartJob, Succeed
 from trainguard.policy.decisions import STARTUP_WINDOW_S
 from trainguard.policy.job_rules import (
     JobView,
     after_internal_error,
     capacity_wait_start,
+    exit_decides,
     exit_hang_deferral,
+    exit_state,
+    groups_done,
     hang_culprit,
     running_reason,
     success_after_give_up,
@@ -198,3 +202,57 @@ def test_when_a_replica_counts_as_trained(
 )
 def test_an_attempt_within_its_start_up_allowance(now_s: float, expected: bool) -> None:
     assert within_startup(100.0, 60.0, now_s) is expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        (ExitKind.CLEAN, OK),
+        (ExitKind.STOP_REQUESTED, X),
+        (ExitKind.NONZERO, F),
+        (ExitKind.SIGNAL, F),
+        (ExitKind.SPAWN_ERROR, F),
+        (ExitKind.NODE_LOST, F),
+        (ExitKind.HANG, F),
+    ],
+)
+def test_what_an_exit_makes_of_its_replica(kind: ExitKind, expected: ReplicaState) -> None:
+    assert exit_state(kind) is expected
+
+
+@pytest.mark.parametrize(
+    ("state", "torn_down", "expected"),
+    [
+        (JobState.PENDING, False, True),
+        (JobState.RUNNING, False, True),
+        (JobState.RESTARTING, False, True),  # the next attempt's exits are judged
+        (JobState.RESTARTING, True, False),  # the attempt being stopped: a consequence
+        (JobState.CANCELLING, False, False),
+        (JobState.SUCCEEDED, False, False),
+        (JobState.FAILED, False, False),
+        (JobState.CANCELLED, False, False),
+        (JobState.EXPIRED, False, False),
+    ],
+)
+def test_which_exits_are_judged(state: JobState, torn_down: bool, expected: bool) -> None:
+    assert exit_decides(view(state, R, R, torn_down=torn_down)) is expected
+
+
+@pytest.mark.parametrize(
+    ("down", "expected"),
+    [
+        ((), "every replica exited 0"),
+        (
+            (2,),
+            "every group that is up exited 0 (training is done); group 2, down for a restart, "
+            "is not started again",
+        ),
+        (
+            (3, 1),
+            "every group that is up exited 0 (training is done); group 1, 3, down for a "
+            "restart, is not started again",
+        ),
+    ],
+)
+def test_why_a_job_succeeds_with_groups_down(down: tuple[int, ...], expected: str) -> None:
+    assert groups_done("every replica exited 0", down) == expected

@@ -118,7 +118,7 @@ def test_a_clean_exit_before_the_others_arms_the_exit_hang_timer(tmp_path: Path)
         be.exit("worker-1", 0)
         (t,) = await _turns(m)
         assert isinstance(t.decision, Ignore) and t.after is JobState.RUNNING
-        assert m._exit_hang_timer is not None
+        assert m.job.exit_hang_timer is not None
         assert await pass_time(m, clock, 0.49) == []  # the interval is not over yet
         turns = await pass_time(m, clock, 0.11)  # worker-0 never follows: an exit hang
         assert be.dumps == [["worker-0"]]  # the stacks of the one still running, canned

@@ -104,9 +104,9 @@ def test_the_master_raises_on_an_illegal_move_under_strict_transitions(tmp_path:
         await _drain(m)
         assert m.state is JobState.RUNNING
         with pytest.raises(IllegalTransition, match="RUNNING -> PENDING"):
-            m._transition(JobState.PENDING, "not a move")
+            m.actions.transition(JobState.PENDING, "not a move")
         with pytest.raises(IllegalTransition, match="RUNNING -> STARTING"):
-            m._move(m.replicas["worker-0"], ReplicaState.STARTING)
+            m.actions.move(m.replicas["worker-0"], ReplicaState.STARTING)
         await m.shutdown()
 
     asyncio.run(scenario())
@@ -120,7 +120,7 @@ def test_in_production_an_illegal_move_is_an_internal_error_and_the_job_goes_on(
         m.strict_transitions = False
         await m.begin()
         await _drain(m)
-        m._move(m.replicas["worker-1"], ReplicaState.STARTING)
+        m.actions.move(m.replicas["worker-1"], ReplicaState.STARTING)
         assert m.replicas["worker-1"].state is ReplicaState.STARTING  # made anyway
         (ev,) = [e for e in store.events_of("job-1") if e.kind == INTERNAL_EVENT]
         assert ev.replica == "worker-1"
@@ -139,7 +139,7 @@ def test_an_internal_error_while_cancelling_fails_the_job_instead_of_restarting_
         m, store = make_master(tmp_path, be)
         await m.begin()
         await _drain(m)
-        m._transition(JobState.CANCELLING, "cancelled by the user")  # as `_on_cancel` begins
+        m.actions.transition(JobState.CANCELLING, "cancelled by the user")  # as `_on_cancel` begins
         again = await m._internal_error(RuntimeError("the backend exploded"))
         assert not again  # no new attempt
         assert m.state is JobState.FAILED

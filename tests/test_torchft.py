@@ -120,7 +120,7 @@ def test_every_group_down_restarts_the_job_and_a_late_group_is_not_started(
         await _drain(m)
         be.exit("worker-1", -9)
         await _drain(m)
-        assert 1 in m._groups_down
+        assert 1 in m.job.groups_down
         be.exit("worker-0", -9)  # the last group up: nobody to heal from
         await _drain(m)
         assert m.attempt == 1 and m.state is JobState.RUNNING

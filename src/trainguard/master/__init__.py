@@ -1,19 +1,24 @@
-"""The master of one job: the loop that executes the policy's decisions (`loop`, over the
-shared state in `core` and its handlers for attempts, exits, hangs and faults), its inbox
-of replica events, the ledger of what happened, fault injection, checkpoint and snapshot
-keeping, the replicas' SDK channel, and the runner that wires a job to a backend and a store.
+"""The master of one job: the loop that executes the policy's decisions (`loop`), the one
+explicit job state it holds (`state`), the actions its handlers take through (`actions`),
+the handlers themselves (`attempts`, `exits`, `groups`, `hang_response`, `faults`, over
+`failures`; put together in `wiring`), the journal that records its transitions, its
+inbox of replica events, the ledger of what happened, fault injection, checkpoint and
+snapshot keeping, the replicas' SDK channel, and the runner that wires a job to a backend
+and a store.
 """
 
 __all__ = [
+    "actions",
     "attempts",
-    "core",
     "events",
     "exits",
+    "failures",
     "faults",
     "groups",
     "hang_response",
     "inbox",
     "inject",
+    "journal",
     "keeper",
     "launch",
     "ledger",
@@ -26,4 +31,6 @@ __all__ = [
     "sdk_channel",
     "sdk_wire",
     "snapshot_keeper",
+    "state",
+    "wiring",
 ]

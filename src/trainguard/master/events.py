@@ -1,5 +1,5 @@
 """What the master's loop handles and keeps: its events, each replica's slot, the restart in
-progress, and the job's outcome."""
+progress, a decision a handler reached, and the job's outcome."""
 
 from __future__ import annotations
 
@@ -95,3 +95,16 @@ class Transition:
     def decision(self) -> Decision | None:
         """The last decision applied, if any."""
         return self.decisions[-1] if self.decisions else None
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decision a handler reached, for the master to apply (`loop.Master._apply`, the one
+    place decisions are executed): with the failure that led to it, seen at `seen_s` and
+    decided at `decided_s`, and the stacks taken for it (a hang's)."""
+
+    decision: Decision
+    failure: Failure | None = None
+    seen_s: float = 0.0
+    decided_s: float = 0.0
+    snapshot_id: int | None = None

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trainguard.backends.interface import SERVICE_ENV, Launch, ReplicaExited
 from trainguard.backends.net import connect_error
 from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
-from trainguard.master.attempts import Attempts
-from trainguard.master.events import GroupRejoin, MasterEvent
+from trainguard.frameworks.base import Preset
+from trainguard.hangs.group_watch import GroupedHangWatch
+from trainguard.hangs.watch import HangWatch
+from trainguard.master.actions import Actions
+from trainguard.master.events import GroupRejoin, MasterEvent, ReplicaSlot
+from trainguard.master.launch import LaunchBuilder
+from trainguard.master.state import MasterState
 from trainguard.policy.actions import RestartGroup
 from trainguard.policy.budgets import Failure
+from trainguard.policy.decisions import RolePolicy
+from trainguard.records.recorder import Recorder
 from trainguard.states import JobState, ReplicaState
 
 SERVICE_READY_S = 60.0
@@ -39,25 +46,50 @@ async def not_listening(endpoints: Sequence[tuple[str, int]]) -> list[tuple[str,
     return missing
 
 
-class Groups(Attempts):
-    async def _start_services_first(self, launches: Sequence[Launch]) -> list[Launch]:
+def watch_of(hangs: GroupedHangWatch, group: int | None) -> HangWatch:
+    """The hang watch of a replica group (torchft), or the job's (None)."""
+    return hangs if group is None else hangs.group(group)
+
+
+class Groups:
+    """The framework's services and its replica groups; `launch` builds a replica's next
+    run (the attempts handler's)."""
+
+    def __init__(
+        self,
+        job: MasterState,
+        act: Actions,
+        *,
+        roles: RolePolicy,
+        preset: Preset,
+        launches: LaunchBuilder,
+        hangs: GroupedHangWatch,
+        rec: Recorder,
+        launch: Callable[[ReplicaSlot], Launch],
+    ) -> None:
+        self.job, self.act = job, act
+        self.roles, self.preset, self.launches = roles, preset, launches
+        self.hangs, self.rec = hangs, rec
+        self.launch = launch
+
+    async def start_services_first(self, launches: Sequence[Launch]) -> list[Launch]:
         """Start the framework's services and wait until they listen; the other launches."""
         services = [launch for launch in launches if SERVICE_ENV in launch.env]
         if not services:
             return list(launches)
-        await self.backend.start(services)
+        await self.act.start(services, warm_notes=False)  # noted with the others' start
         roster = self.launches.roster
         assert roster is not None  # built with the first launch
         found = [self.preset.ready_endpoint(roster, s.replica) for s in services]
         endpoints = [e for e in found if e is not None]
-        t0 = self.clock()
+        t0 = self.act.now()
         missing = await self._wait_listening(endpoints, {s.replica for s in services})
         if missing:
             shown = ", ".join(f"{h}:{p}" for h, p in missing)
-            self.say(f"the services do not listen at {shown}: the replicas start anyway")
+            self.act.say(f"the services do not listen at {shown}: the replicas start anyway")
         else:
             names = ", ".join(s.replica for s in services)
-            self.say(f"{names} listening after {self.clock() - t0:.2f} s")
+            self.act.say(f"{names} listening after {self.act.now() - t0:.2f} s")
         return [launch for launch in launches if SERVICE_ENV not in launch.env]
 
     async def _wait_listening(
@@ -71,58 +103,53 @@ class Groups(Attempts):
         try:
             while missing:
                 missing = await not_listening(missing)
-                while not self._queue.empty():
-                    kept.append(self._queue.get_nowait())
+                kept += self.act.take_queued()
                 if not missing or time.monotonic() > deadline:
                     break
                 if any(isinstance(e, ReplicaExited) and e.replica in services for e in kept):
                     break
                 await asyncio.sleep(0.05)
         finally:
-            while not self._queue.empty():
-                kept.append(self._queue.get_nowait())
+            kept += self.act.take_queued()
             for ev in kept:
-                self._queue.put_nowait(ev)
+                self.act.post(ev)
         return missing
 
-    async def _restart_group(self, decision: RestartGroup, failure: Failure, seen_s: float) -> None:
+    async def restart_group(self, decision: RestartGroup, failure: Failure, record_id: int) -> None:
         """Stop the group's live members now; start them all once `after_s` has passed
         since the failure (a `GroupRejoin`). No other group is touched."""
-        record_id = self.ledger.restart(decision, failure, seen_s)
-        self._groups_down[decision.group] = record_id
+        job, act = self.job, self.act
+        job.groups_down[decision.group] = record_id
         members = set(decision.replicas)
-        self._watch_of(decision.group).disarm()  # stopped: its silence is no hang
-        t0 = self.clock()
-        live = [m for m in decision.replicas if not self.replicas[m].state.is_terminal]
+        watch_of(self.hangs, decision.group).disarm()  # stopped: its silence is no hang
+        t0 = act.now()
+        live = [m for m in decision.replicas if not job.replicas[m].state.is_terminal]
         if live:
-            await self.backend.stop(live, self.ft.stop_grace_period_s)
-        await self._settle(only=members)
+            await act.stop(live)
+        await act.settle(only=members)
         for name in decision.replicas:
-            rep = self.replicas[name]
+            rep = job.replicas[name]
             rep.restarts += 1
-            self._move(rep, ReplicaState.STOPPED)
+            act.move(rep, ReplicaState.STOPPED)
             rep.pid, rep.run_id = None, None
-        t1 = self.clock()
+        t1 = act.now()
         wait = max(0.0, decision.after_s - (t1 - failure.time_s))
-        rejoin = GroupRejoin(self.attempt, decision.group, record_id)
-        self._later(wait, lambda: self.post(rejoin))
+        act.schedule(wait, GroupRejoin(job.attempt, decision.group, record_id))
         self.rec.restart_phases(record_id, stop_ms=(t1 - t0) * 1000, schedule_ms=wait * 1000)
-        self.say(f"group {decision.group} stopped; it rejoins in {wait:.1f} s")
+        act.say(f"group {decision.group} stopped; it rejoins in {wait:.1f} s")
 
-    async def _on_group_rejoin(self, ev: GroupRejoin) -> None:
-        if ev.attempt != self.attempt or self._groups_down.get(ev.group) != ev.record_id:
+    async def on_group_rejoin(self, ev: GroupRejoin) -> None:
+        job = self.job
+        if ev.attempt != job.attempt or job.groups_down.get(ev.group) != ev.record_id:
             return  # a new attempt, or a later stop of the same group, supersedes it
-        if self.state is not JobState.RUNNING:
+        if job.phase is not JobState.RUNNING:
             return
-        del self._groups_down[ev.group]
+        del job.groups_down[ev.group]
         members = self.roles.groups[ev.group]
         for name in members:
-            self._move(self.replicas[name], ReplicaState.STARTING)
-        self._watch_of(ev.group).arm(self.attempt, self._ranks(members))  # start-up again
-        t0 = self.clock()
-        launches = await self._start_services_first(
-            [self._launch(self.replicas[n]) for n in members]
-        )
-        await self.backend.start(launches)
-        self._record_warm_start()
-        self.rec.restart_phases(ev.record_id, start_ms=(self.clock() - t0) * 1000)
+            self.act.move(job.replicas[name], ReplicaState.STARTING)
+        watch_of(self.hangs, ev.group).arm(job.attempt, job.ranks(members))  # start-up again
+        t0 = self.act.now()
+        launches = await self.start_services_first([self.launch(job.replicas[n]) for n in members])
+        await self.act.start(launches)
+        self.rec.restart_phases(ev.record_id, start_ms=(self.act.now() - t0) * 1000)

@@ -2,7 +2,8 @@
 
 The master decides and acts; the ledger remembers what each failure cost, who failed
 with it (its cascade), what it isolated, and writes the records `explain` and
-`records` read.
+`records` read. What only the master knows of a restart (when it was decided, the stacks
+taken for it, whether its failure was injected) it passes as arguments.
 """
 
 from __future__ import annotations
@@ -32,19 +33,23 @@ def error_source(c: Classification) -> str:
 
 
 class Ledger:
-    def __init__(self, rec: Recorder, gpus: GpuPool, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        rec: Recorder,
+        gpus: GpuPool,
+        say: Callable[[str], None],
+        isolate_node: Callable[[str, Classification], str | None] = lambda _r, _c: None,
+    ) -> None:
+        """`isolate_node`: the backend's say on what a failure takes out of the next
+        attempt (a lost node)."""
         self.rec = rec
         self.gpus = gpus
         self.say = say
         self.budgets = Budgets()
         self.restarts = 0
-        self.decided_s = 0.0  # when the decision on the current failure was taken
-        self.snapshot_id: int | None = None  # stacks taken for the current failure
         self._cascade: list[str] = []
         self._isolation: str | None = None
-        self.injected: dict[str, str] = {}  # replica -> the injection it got this attempt
-        # The backend's say on what a failure takes out of the next attempt (a lost node).
-        self.isolate_node: Callable[[str, Classification], str | None] = lambda _r, _c: None
+        self.isolate_node = isolate_node
 
     def failure(self, root: Failure, others: Sequence[Failure], decision: Decision) -> None:
         """Charge the budgets; write the root cause and each failure of its cascade."""
@@ -64,29 +69,36 @@ class Ledger:
             )
         self._cascade = [f.replica for f in cascade]
 
-    def restart(self, decision: Decision, failure: Failure, seen_s: float) -> int:
-        """Write the restart record of the failure just recorded; returns its id."""
+    def restart(
+        self,
+        decision: Decision,
+        failure: Failure,
+        seen_s: float,
+        decided_s: float,
+        *,
+        injected: bool = False,
+        snapshot_id: int | None = None,
+    ) -> int:
+        """Write the restart record of the failure just recorded; returns its id. It was
+        seen at `seen_s` and decided at `decided_s`; `injected`: its replica got an injected
+        fault this attempt; `snapshot_id`: the stacks taken for it (a hang)."""
         c = failure.classification
         self.restarts += 1
         return self.rec.restart(
             round=self.restarts,
-            at_s=self.decided_s,
+            at_s=decided_s,
             replica=failure.replica,
             node=failure.node,
             error_code=error_code(c),
             error_message=c.message,
-            error_source=(
-                "injection"
-                if failure.replica in self.injected and c.kind != "hang"
-                else error_source(c)
-            ),
+            error_source="injection" if injected and c.kind != "hang" else error_source(c),
             failure_class=c.failure_class.value if c.failure_class else None,
             rule=c.rule,
             decision=describe(decision),
-            detect_ms=max(0.0, self.decided_s - seen_s) * 1000,
+            detect_ms=max(0.0, decided_s - seen_s) * 1000,
             fingerprint=c.fingerprint,
             matched_line=c.matched_line,
             cascade=", ".join(self._cascade) or None,
-            snapshot_id=self.snapshot_id,
+            snapshot_id=snapshot_id,
             isolated=self._isolation,
         )

@@ -11,34 +11,41 @@ from __future__ import annotations
 
 import asyncio
 
-from trainguard.backends.interface import NodeCheckOutcome, check_nodes
-from trainguard.master.core import MasterCore
+from trainguard.backends.interface import Backend, NodeCheckOutcome, check_nodes
+from trainguard.master.actions import Actions
+from trainguard.master.node_ledger import NodeLedger
 from trainguard.policy.budgets import Failure
 from trainguard.policy.node_check import CHECK_LIMIT_S, check_reason
+from trainguard.records.recorder import Recorder
 
 NODE_CHECK_EVENT = "node_check"
 _MARGIN_S = 15.0  # the backend's own calls around the check (scontrol, probes)
 
 
-async def before_restart(master: MasterCore, failure: Failure, record_id: int) -> None:
+async def before_restart(
+    act: Actions,
+    backend: Backend,
+    rec: Recorder,
+    node_ledger: NodeLedger,
+    failure: Failure,
+    record_id: int,
+) -> None:
     """Check the nodes if `failure` calls for it; record what was found and done."""
     reason = check_reason(failure.classification)
     if reason is None:
         return
     try:
-        outcome = await asyncio.wait_for(
-            check_nodes(master.backend, reason), CHECK_LIMIT_S + _MARGIN_S
-        )
+        outcome = await asyncio.wait_for(check_nodes(backend, reason), CHECK_LIMIT_S + _MARGIN_S)
     except TimeoutError:
         why = f"did not finish in {CHECK_LIMIT_S + _MARGIN_S:g} s"
         outcome = NodeCheckOutcome(f"node check after {reason} {why}", ran=False)
     except Exception as exc:  # the check's own fault: the retry goes on unchecked
         why = f"{type(exc).__name__}: {exc}"
         outcome = NodeCheckOutcome(f"node check after {reason} could not run: {why}", ran=False)
-    master.rec.event(master.clock(), failure.replica, NODE_CHECK_EVENT, outcome.note)
-    master.node_ledger.after_check(outcome, failure)
+    act.note(failure.replica, NODE_CHECK_EVENT, outcome.note)
+    node_ledger.after_check(outcome, failure)
     if not outcome.supported:
         return  # the backend has none: an event, and no word in the restart record
-    master.say(outcome.note)
+    act.say(outcome.note)
     if outcome.changed or not outcome.ran:
-        master.rec.restart_note(record_id, outcome.note)
+        rec.restart_note(record_id, outcome.note)

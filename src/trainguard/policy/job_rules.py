@@ -1,5 +1,6 @@
-"""The master's last rules of its own, pure: when an attempt is running, success once
-replicas were given up, when a wait for capacity starts, the exit-hang deferral during
+"""The master's last rules of its own, pure: what an exit makes of its replica and whether
+it is judged at all, when an attempt is running, success once replicas were given up (or
+groups left down), when a wait for capacity starts, the exit-hang deferral during
 start-up, a hang's culprit, what an internal error leads to, and when a replica counts
 as trained. The master builds a `JobView` (and passes an event's facts) and executes the
 value it gets back; nothing here reads a clock, a process or the master itself.
@@ -7,10 +8,10 @@ value it gets back; nothing here reads a clock, a process or the master itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE
+from trainguard.classify.classes import INTERNAL_ERROR_MESSAGE, ExitKind
 from trainguard.policy.actions import Decision, FailJob, RestartJob, Succeed
 from trainguard.policy.decisions import STARTUP_WINDOW_S
 from trainguard.policy.verdicts import decide_success
@@ -35,6 +36,34 @@ class JobView:
     allow_partial: bool = False
     capacity_since: float | None = None  # when the current wait for capacity began
     capacity_attempt: int = -1  # the attempt that last ended waiting for capacity
+
+
+def exit_state(kind: ExitKind) -> ReplicaState:
+    """Where an exit leaves its replica's run: SUCCEEDED (exited 0), STOPPED (the master
+    asked it to), FAILED otherwise."""
+    if kind is ExitKind.CLEAN:
+        return ReplicaState.SUCCEEDED
+    if kind is ExitKind.STOP_REQUESTED:
+        return ReplicaState.STOPPED
+    return ReplicaState.FAILED
+
+
+def exit_decides(view: JobView) -> bool:
+    """Whether an exit of the current attempt is judged: not while the job is cancelling
+    or ended, nor while the attempt is being stopped (the exit is a consequence)."""
+    state = view.state
+    return not (state is JobState.CANCELLING or state.is_terminal or view.torn_down)
+
+
+def groups_done(reason: str, groups_down: Collection[int]) -> str:
+    """Why the job succeeds, when groups that were down are not started again."""
+    if not groups_down:
+        return reason
+    down = ", ".join(map(str, sorted(groups_down)))
+    return (
+        f"every group that is up exited 0 (training is done); group {down}, down for a "
+        "restart, is not started again"
+    )
 
 
 def running_reason(view: JobView) -> str | None:
