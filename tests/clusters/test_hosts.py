@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -339,4 +340,7 @@ def test_a_restart_on_the_surviving_nodes_forks_from_their_zygotes(
     assert rec["failure_class"] != "node_lost", rec
     assert sum("imported once" in n for n in notes) == 2, notes  # a zygote on each node
     assert any("attempt 1: 2 of 2 replicas forked from their node's zygote" in n for n in notes)
-    assert ray_s <= 2 * local_s + 0.3, (ray_s, local_s)  # slack for a busy 2-core machine
+    # Warm: the restart took less than one cold import of torch on those nodes, measured in
+    # the same run (a ratio to the one-machine restart flaked under a busy xdist run).
+    imports = [float(s) for s in re.findall(r"imported once in ([\d.]+) s", "\n".join(notes))]
+    assert ray_s < min(imports), (ray_s, imports, local_s)

@@ -69,14 +69,16 @@ def test_parameter_server_job_restarts_a_killed_worker_alone(tg: TG, tmp_path: P
         before = _replica(status, "worker-1")
         config = _tf_config(int(before["pid"]))
         os.kill(int(before["pid"]), signal.SIGKILL)
-        again = wait_for(
-            lambda: (
-                (s := tg.status_or_none("ps")) and _replica(s, "worker-1")["restart"] == 1 and s
-            ),
-            60,
-            "worker-1 to restart",
-        )
-        assert _tf_config(int(_replica(again, "worker-1")["pid"])) == config  # same address
+
+        def restarted() -> int | None:  # its new run's pid, once that run has started
+            s = tg.status_or_none("ps")
+            rep = _replica(s, "worker-1") if s else {}
+            pid = rep.get("pid")
+            if rep.get("restart") != 1 or pid in (None, before["pid"]):
+                return None  # the restart is decided; its run not started yet
+            return int(pid)
+
+        assert _tf_config(wait_for(restarted, 60, "worker-1 to restart")) == config  # same address
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
