@@ -15,14 +15,13 @@ mypy
 if [ "$#" -eq 0 ]; then
   # The whole suite holds a coverage floor (in-process lines; replicas and masters run in
   # child processes and are not counted): measured 72% on the fast tests alone.
-  # TG_TEST_WORKERS=4 runs it side by side on 4 xdist workers (from a fresh clone: pytest
-  # 13.6 min against 27.2 serial; most end-to-end tests wait on their child processes); tests
-  # that share one thing (a cluster, PostgreSQL, Chromium, the kernel's memory cgroups)
-  # run in turn on one worker (tests/conftest.py puts each family in one xdist group).
-  # Serial by default until no test races its own job under that load.
+  # It runs side by side on TG_TEST_WORKERS xdist workers (4 unless set; 0: serial): most
+  # end-to-end tests wait on their child processes. Tests that share one thing (a cluster,
+  # PostgreSQL, Chromium, the kernel's memory cgroups) run in turn on one worker
+  # (tests/conftest.py puts each family in one xdist group).
   workers=()
-  if [ "${TG_TEST_WORKERS:-0}" -gt 0 ]; then
-    workers=(-n "$TG_TEST_WORKERS" --dist loadgroup)
+  if [ "${TG_TEST_WORKERS:-4}" -gt 0 ]; then
+    workers=(-n "${TG_TEST_WORKERS:-4}" --dist loadgroup)
   fi
   python -m pytest -q "${workers[@]}" --durations=40 \
     --cov=trainguard --cov-report=term:skip-covered --cov-fail-under=70

@@ -1,6 +1,6 @@
 """Time as a seam (issue 39): what must happen later is asked of a `Timers`, never of the
 event loop directly, so that a test can move time by hand and see what fires
-(`tests/fakes.py::FakeClock` keeps both the time and the timers).
+(`tests/support/fakes.py::FakeClock` keeps both the time and the timers).
 
 The master, its hang watches, the fault injector and the waits for capacity and for a
 backoff take one `Timers` beside their clock; in production it is `LOOP_TIMERS`, the

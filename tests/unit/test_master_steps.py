@@ -1,7 +1,7 @@
 """The master loop driven one event at a time, asserting the `Transition` each turn returns:
 capacity, exit hang, hang, give-up, injection and internal-error paths (issue 15).
 
-Everything runs on the shared fake backend (tests/fakes.py); nothing starts a process.
+Everything runs on the shared fake backend (tests/support/fakes.py); nothing starts a process.
 """
 
 from __future__ import annotations

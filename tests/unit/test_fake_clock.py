@@ -1,4 +1,4 @@
-"""The fake clock's timers (tests/fakes.py), which every zero-time test of the master and
+"""The fake clock's timers (tests/support/fakes.py), which every zero-time test of the master and
 the hang watch relies on: due order, cancel, timers set by timers, the clock at each."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The node check before a suspicious retry (issue 38), fast tier: which failures call for
 it, how results are judged and bad nodes kept out (pure), a node's printed answer read, and
 the master's hook against a fake backend (no processes; the real check on hosts and Slurm
-is tests/test_node_check_slurm.py)."""
+is tests/e2e/test_node_check_slurm.py)."""
 
 from __future__ import annotations
 
