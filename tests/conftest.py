@@ -106,12 +106,16 @@ def child(*actions: str) -> list[str]:
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    """`cond()`'s first true value. Between two tries it sleeps as long as the last try
+    took (at least 20 ms): a condition that runs the CLI (0.6 s of CPU) then holds at most
+    half a core, not all of one, while the job it waits for needs the CPU."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         value = cond()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(max(0.02, time.monotonic() - t0))
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -67,14 +67,15 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
     proc = tg.start(*_train(tg, tmp_path / "ck", tmp_path / "faulty.pt"))
     job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-    def rank1_at_step_30() -> int | None:
+    def rank1() -> tuple[int, Path] | None:
         replicas = tg.json("status", job_id)["replicas"]
         r1 = next((r for r in replicas if r["name"] == "worker-1"), None)
-        if r1 is None or not Path(r1["log_path"]).exists():
-            return None
-        return r1["pid"] if "step 30 " in Path(r1["log_path"]).read_text() else None
+        return None if r1 is None or r1["pid"] is None else (r1["pid"], Path(r1["log_path"]))
 
-    pid = wait_for(rank1_at_step_30, timeout=120, what="rank 1 to reach step 30")
+    pid, log = wait_for(rank1, timeout=120, what="rank 1 to run")
+    # Its log read directly: a `status` takes over a second on a busy machine, in which
+    # rank 1 would run past step 30 to the end of the job.
+    wait_for(lambda: log.exists() and "step 30 " in log.read_text(), 120, "rank 1 at step 30")
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

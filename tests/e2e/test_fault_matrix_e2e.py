@@ -170,7 +170,12 @@ def test_a_memory_hog_with_no_limit_of_its_own_is_a_host_oom_at_its_nodes(
 
 def _children(group: Path) -> list[Path]:
     """The cgroups left under `group` (its run cgroups, once the job ended: none)."""
-    return [p for p in group.rglob("*") if p.is_dir()]
+    while group.exists():
+        try:
+            return [p for p in group.rglob("*") if p.is_dir()]
+        except FileNotFoundError:
+            continue  # one was removed while it was listed: list again
+    return []
 
 
 # ---------------------------------------------------------------- start-up
