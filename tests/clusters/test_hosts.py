@@ -201,7 +201,10 @@ def _running(tg: TG, name: str, proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def _steps_of(tg: TG, name: str) -> list[tuple[int, float]]:
     """(step, time) of each step rank 0 printed, over every attempt."""
-    text = tg("logs", name, "--tail", "1000").stdout
+    return _steps_in(tg("logs", name, "--tail", "1000").stdout)
+
+
+def _steps_in(text: str) -> list[tuple[int, float]]:
     found = []
     for line in text.splitlines():
         if line.startswith("step ") and " t=" in line:
@@ -217,7 +220,16 @@ def _recover(w: World, tg: TG, name: str, fault: str, storage: str) -> dict[str,
     status = _running(tg, name, proc)
     where = {r["rank"]: w.host_of(r["node"]) for r in status["replicas"]}
     assert sorted(where.values()) == [1, 2], status["replicas"]  # not the master's host
-    wait_for(lambda: any(s >= 25 for s, _ in _steps_of(tg, name)), 120, "step 25")
+    # Rank 0's log read where the master writes it: `logs` through the CLI takes over a
+    # second on a busy machine, in which the job may run to its end before the fault.
+    rank0 = next(r["log_path"] for r in status["replicas"] if r["rank"] == 0)
+    rank0_log = w.hosts[0].outside(rank0)
+
+    def at_step_25() -> bool:
+        text = rank0_log.read_text() if rank0_log.exists() else ""
+        return any(s >= 25 for s, _ in _steps_in(text))
+
+    wait_for(at_step_25, 120, "step 25")
     victim = w.hosts[where[1]]
     lost_at = time.time()
     victim.kill() if fault == "kill" else victim.cut()

@@ -137,7 +137,9 @@ def test_a_node_that_dies_goes_down_and_comes_back(slurm: SlurmCluster) -> None:
     failure = "srun: error: Node failure on tg-host-2"
     aborted = [x for x in lines if x.startswith("srun: Job step aborted")]
     assert 1 <= lines.count(failure) <= 2 and len(aborted) <= 1, err
-    assert len(lines) == lines.count(failure) + len(aborted), err  # nothing else
+    # Under load srun may also say its I/O socket to the dead node broke.
+    socket = [x for x in lines if x.startswith("srun: error: eio_message_socket_accept")]
+    assert len(lines) == lines.count(failure) + len(aborted) + len(socket), err  # no more
     assert silent < 10 and down < 20 and returned < down + 5, (silent, down, returned)
     print(f"not responding after {silent:.1f}s, down after {down:.1f}s, srun {returned:.1f}s")
 

@@ -138,15 +138,16 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
         proc = tg.start(*argv)
         job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-        def rank1_at_step_30() -> int | None:
+        def rank1() -> tuple[int, Path] | None:
             replicas = tg.json("status", job_id)["replicas"]  # none yet while torch imports
-            if len(replicas) < 2:
+            if len(replicas) < 2 or replicas[1]["pid"] is None:
                 return None
-            log = Path(replicas[1]["log_path"])
-            r1 = replicas[1]
-            return r1["pid"] if log.exists() and "step 30 loss" in log.read_text() else None
+            return replicas[1]["pid"], Path(replicas[1]["log_path"])
 
-        os.kill(wait_for(rank1_at_step_30, timeout=120, what="step 30"), signal.SIGSTOP)
+        pid, log = wait_for(rank1, timeout=120, what="rank 1 to run")
+        # Its log read directly (a `status` call may outlast the rest of the job).
+        wait_for(lambda: log.exists() and "step 30 loss" in log.read_text(), 120, "step 30")
+        os.kill(pid, signal.SIGSTOP)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
 
