@@ -136,12 +136,14 @@ def test_a_rank_still_reading_its_node_is_the_root_cause_not_a_stop(
     slurm_cluster: SlurmCluster, shared: Path
 ) -> None:
     """Rank 1 segfaults; rank 0 sees it at once and fails on the lost peer (a cascade)
-    while rank 1's wrapper still reads its node (an nvidia-smi that takes 3 s here): the
+    while rank 1's wrapper still reads its node (an nvidia-smi that takes 3 s there): the
     master stops the rest then, and rank 1's exit, with its readings, is still the root
-    cause (srun waits for its task, the wrapper, through the stop's grace)."""
+    cause: its wrapper said the program exited (srun waits for it through the stop's
+    grace), so the stop is not what ended it."""
     fake = shared / "bin"
     fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\nsleep 3\nexit 9\n")
+    # Only rank 1's wrapper is slow: rank 0's failure always reaches the master first.
+    (fake / "nvidia-smi").write_text('#!/bin/sh\n[ "$RANK" = 1 ] && sleep 3\nexit 9\n')
     (fake / "nvidia-smi").chmod(0o755)
     pid_file = shared / "pid"
     body = (

@@ -17,7 +17,9 @@ from conftest import wait_for
 
 from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.backends.slurm.node_probe import (
+    EXITED,
     MARKER,
+    ended_on_its_own,
     machine_lines,
     readings_of,
     with_readings,
@@ -186,3 +188,18 @@ def test_the_stacks_find_the_program_not_its_wrapper() -> None:
         proc.kill()
         os.kill(int(child), signal.SIGKILL)
         proc.communicate(timeout=30)
+
+
+def test_the_wrappers_exit_word_says_the_program_ended_and_leaves_the_tail() -> None:
+    """Said before the node is read (seconds, with a slow nvidia-smi): a stop that comes
+    meanwhile finds a replica that ended on its own; the log tail keeps the program's."""
+    tail = (
+        "step 1 loss 0.5",
+        f"{EXITED}{139 << 8}",
+        f"{MARKER}" + '{"source": "gpu", "value": "x", '
+        '"reading": "absent", "sure": false, "finding": "absent"}',
+    )
+    assert ended_on_its_own(tail[:2]) == 139 and ended_on_its_own(tail[:1]) is None
+    assert ended_on_its_own((f"{EXITED}11",)) == -11  # a wait status: SIGSEGV
+    found, rest = readings_of(tail)
+    assert rest == ("step 1 loss 0.5",) and len(found) == 1

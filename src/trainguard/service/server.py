@@ -18,7 +18,12 @@ from trainguard.service.api import create_app
 from trainguard.service.config import TOKEN_FILE, ServerConfig, home_token
 from trainguard.service.http_guard import Guard
 from trainguard.service.scheduler import Service
-from trainguard.storage.private import PRIVATE_DIR, private_dir, private_file, tighten
+from trainguard.storage.private import (
+    PRIVATE_DIR,
+    private_dir,
+    replace_private,
+    tighten,
+)
 
 
 def serve(config: ServerConfig, home: Path | None) -> int:
@@ -87,7 +92,8 @@ async def _serve_on(
     host, port = server.servers[0].sockets[0].getsockname()[:2]
     url = f"http://{host}:{port}"
     info = service.store.home / "server.json"
-    private_file(info).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    # Whole or absent: the CLI and the tests read it while it is written.
+    replace_private(info, json.dumps({"url": url, "pid": os.getpid()}).encode())
     service.say(f"listening on {url} (store {service.store.engine.url.render_as_string()})")
     if config.token:
         service.say(f"requests need {token_origin}; the web page: {url}/#token=TOKEN")

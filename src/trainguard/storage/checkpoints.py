@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 
 from trainguard.storage import checkpoint_copy
 from trainguard.storage.checkpoint_copy import Incoming, Listing
-from trainguard.storage.private import private_dir
+from trainguard.storage.private import private_dir, replace_private
 
 MANIFEST = "trainguard-manifest.json"
 STORAGE_CHECK = ".trainguard-storage-check"
@@ -65,14 +64,7 @@ class _Local:
         return (self.root / rel).read_bytes()
 
     def write(self, rel: str, data: bytes) -> None:
-        path = self.root / rel
-        private_dir(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_private(self.root / rel, data)
 
     def files(self, rel: str) -> dict[str, int]:
         base = self.root / rel

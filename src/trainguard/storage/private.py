@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,6 +39,18 @@ def append_private(path: Path, buffering: int = -1) -> BinaryIO:
     """`path` opened to append bytes, made private (with its missing folders) first."""
     private_dir(path.parent)
     return open(private_file(path), "ab", buffering=buffering)
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """`path` holds `data`, whole or not at all for a reader at any moment (a file of this
+    user's only, written beside it, synced, then renamed over it)."""
+    private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def tighten(path: Path, mode: int = PRIVATE_DIR) -> Path:

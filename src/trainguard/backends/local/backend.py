@@ -32,6 +32,7 @@ from trainguard.backends.local.run import PipeProtocol, Protocol, Run, spawn_fai
 from trainguard.backends.local.tracking import RunProcesses, Tracking, alive, already_exited
 from trainguard.backends.local.warm_start import WarmStart
 from trainguard.backends.local.zygote import ZygoteError
+from trainguard.backends.machine_probe import KMSG_READ_S, NVIDIA_SMI_S, STATVFS_S
 from trainguard.backends.net import free_port
 from trainguard.classify.classes import Classification
 from trainguard.classify.own_errors import zygote_death_note
@@ -39,6 +40,7 @@ from trainguard.hangs.stack_dumps import dump_stacks
 from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.signals import signal_name
 
+_READING_S = NVIDIA_SMI_S + STATVFS_S + KMSG_READ_S  # a wrapper reading its node, at most
 _DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 _KILLED_S = 5.0  # how long a forked replica's exit may take to come once it was SIGKILLed
@@ -330,22 +332,35 @@ class LocalBackend:
             return False
         return True
 
-    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+    async def stop(
+        self, replicas: Sequence[str], grace_s: float, ended: Collection[str] = ()
+    ) -> None:
+        """`ended`: replicas whose program a backend built on this one knows has already
+        exited on its own (its wrapper still at work): their exits are not our stop's."""
         runs = [self._runs[r] for r in replicas if r in self._runs]
         if not runs:
             return
         # One that has printed a traceback is most likely exiting of its own error (Python
         # with torch can take a while to shut down, and its peers fail first on the closed
         # connection): let it end on its own, so its own exit is its cause, not our stop.
-        dying = [r for r in runs if not r.exited.is_set() and r.printed_traceback()]
+        # One whose wrapper said its program ended is reading its node: its readings, within
+        # the probe's own bounds, are the evidence of what it died of.
+        dying = [
+            r
+            for r in runs
+            if not r.exited.is_set() and (r.printed_traceback() or r.launch.replica in ended)
+        ]
         if dying:
+            reading = any(r.launch.replica in ended for r in dying)
             await asyncio.wait(
-                [asyncio.ensure_future(r.exited.wait()) for r in dying], timeout=_DYING_S
+                [asyncio.ensure_future(r.exited.wait()) for r in dying],
+                timeout=_READING_S if reading else _DYING_S,
             )
         for run in runs:
             # One that already died on its own (a zombie not yet reaped) keeps its own
             # exit: it may be the root cause, and is not the master's doing.
             gone = run.exited.is_set() if run.forked else already_exited(run.pid)
+            gone = gone or run.launch.replica in ended
             run.stop_requested = not gone
             for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped one must see the TERM
                 self._killpg(run, sig)

@@ -46,7 +46,7 @@ from trainguard.backends.net import address_towards, port_at
 from trainguard.backends.slurm import cluster, steps
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
 from trainguard.backends.slurm.node_check import check_allocation
-from trainguard.backends.slurm.node_probe import with_readings
+from trainguard.backends.slurm.node_probe import ended_on_its_own, with_readings
 from trainguard.backends.slurm.placement import layout_env, node_failure, place, srun_argv
 from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
 from trainguard.classify.own_errors import is_own_resource_errno
@@ -82,6 +82,7 @@ class SlurmBackend:
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
         self._reading: set[asyncio.Future[None]] = set()  # failed exits, their nodes probed
+        self._ended: dict[str, int] = {}  # replica -> its program's status, said before a stop
         self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
         self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
 
@@ -163,7 +164,9 @@ class SlurmBackend:
         """Stopped, and every failed exit whose node was still being probed told: a
         replica that died on its own a moment before the stop is its peers' root cause,
         and the master settles on the exits it has when this returns."""
-        await self._inner.stop(replicas, grace_s)
+        ended = {r: ended_on_its_own(self._inner.log_tail(r)) for r in replicas}
+        self._ended = {r: code for r, code in ended.items() if code is not None}
+        await self._inner.stop(replicas, grace_s, list(self._ended))
         await self._cancel_steps(replicas)
         if self._reading:
             await asyncio.wait(list(self._reading))
@@ -321,6 +324,11 @@ class SlurmBackend:
             return
         if (ev.attempt, ev.replica, ev.restart) in self._lost:
             return  # reported lost already, with its node as the cause
+        code = self._ended.pop(ev.replica, None)
+        if code is not None and not ev.evidence.stop_requested:
+            # Its program had failed when the stop came; the stop's KILL may have ended its
+            # wrapper while it read the node: the status is the one the wrapper said.
+            ev = replace(ev, evidence=replace(ev.evidence, returncode=code))
         ev = with_readings(ev)
         failed = node_failure(ev.evidence.log_tail)
         if failed is not None:  # srun exits 0 when the node under its task dies

@@ -29,6 +29,7 @@ Costs and the semantics kept (each checked on the real Slurm cluster):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from trainguard.classify.readings import MachineReading
 
 MARKER = "trainguard-machine: "
+EXITED = "trainguard-exited: "
+"""The wrapper's first word once its program failed, before it reads the node: a stop
+that comes meanwhile finds a replica that ended on its own (`ended_on_its_own`)."""
 FORWARDED = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -85,6 +89,16 @@ def machine_lines(readings: Sequence[MachineReading]) -> list[str]:
     return out
 
 
+def ended_on_its_own(tail: Sequence[str]) -> int | None:
+    """The exit status (as `Popen.returncode`) a wrapper said its program ended with (it
+    may still be reading the node), or None."""
+    for line in reversed(tail):
+        text = line.strip()
+        if text.startswith(EXITED) and text[len(EXITED) :].isdigit():
+            return os.waitstatus_to_exitcode(int(text[len(EXITED) :]))
+    return None
+
+
 def readings_of(tail: Sequence[str]) -> tuple[tuple[MachineReading, ...], tuple[str, ...]]:
     """The readings a wrapper told in a log tail, and the tail without their lines."""
     from trainguard.classify.readings import from_json
@@ -94,7 +108,7 @@ def readings_of(tail: Sequence[str]) -> tuple[tuple[MachineReading, ...], tuple[
         text = line.strip()
         if text.startswith(MARKER):
             rows.append(text[len(MARKER) :])
-        else:
+        elif not text.startswith(EXITED):
             rest.append(line)
     return from_json("[" + ",".join(rows) + "]") if rows else (), tuple(rest)
 
@@ -248,6 +262,8 @@ def main(argv: list[str]) -> None:
         if done == pid:
             break
     if status != 0:
+        with contextlib.suppress(OSError):
+            os.write(2, f"{EXITED}{status}\n".encode())
         _probe(pid, since_us, paths, counter)
     _exit_like(status)
 
