@@ -46,6 +46,20 @@ def _says(tg: TG, job_id: str, text: str) -> bool:
     return log.exists() and text in log.read_text()
 
 
+def _rank1_at_step_30(tg: TG, job_id: str) -> int:
+    """Rank 1's pid, once its log shows step 30: the log read directly, as a `status` call
+    takes over a second on a busy machine, in which rank 1 would run on to the job's end."""
+
+    def rank1() -> tuple[int, Path] | None:
+        replicas = tg.json("status", job_id)["replicas"]  # none yet while torch imports
+        r1 = next((r for r in replicas if r["name"] == "worker-1"), None)
+        return None if r1 is None or r1["pid"] is None else (r1["pid"], Path(r1["log_path"]))
+
+    pid, log = wait_for(rank1, timeout=120, what="rank 1 to run")
+    wait_for(lambda: log.exists() and "step 30 loss" in log.read_text(), 120, "step 30")
+    return int(pid)
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The final weights of the same job run without any fault, cold (every replica its
@@ -70,15 +84,7 @@ def test_sigkill_rank1_mid_run_recovers_with_identical_weights(
     proc = tg.start(*_train(tg, tmp_path / "ck", tmp_path / "faulty.pt"), *PACED)
     job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-    def rank1() -> tuple[int, Path] | None:
-        replicas = tg.json("status", job_id)["replicas"]
-        r1 = next((r for r in replicas if r["name"] == "worker-1"), None)
-        return None if r1 is None or r1["pid"] is None else (r1["pid"], Path(r1["log_path"]))
-
-    pid, log = wait_for(rank1, timeout=120, what="rank 1 to run")
-    # Its log read directly: a `status` takes over a second on a busy machine, in which
-    # rank 1 would run past step 30 to the end of the job.
-    wait_for(lambda: log.exists() and "step 30 " in log.read_text(), 120, "rank 1 at step 30")
+    pid = _rank1_at_step_30(tg, job_id)
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -141,15 +147,7 @@ def test_a_hung_rank_is_found_in_its_stack_and_the_job_recovers(
         proc = tg.start(*argv, *PACED)
         job_id = wait_for(lambda: tg.json("jobs"), what="the job row")[0]["id"]
 
-        def rank1() -> tuple[int, Path] | None:
-            replicas = tg.json("status", job_id)["replicas"]  # none yet while torch imports
-            if len(replicas) < 2 or replicas[1]["pid"] is None:
-                return None
-            return replicas[1]["pid"], Path(replicas[1]["log_path"])
-
-        pid, log = wait_for(rank1, timeout=120, what="rank 1 to run")
-        # Its log read directly (a `status` call may outlast the rest of the job).
-        wait_for(lambda: log.exists() and "step 30 loss" in log.read_text(), 120, "step 30")
+        pid = _rank1_at_step_30(tg, job_id)
         os.kill(pid, signal.SIGSTOP)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

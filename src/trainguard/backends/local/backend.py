@@ -28,11 +28,16 @@ from trainguard.backends.interface import (
 )
 from trainguard.backends.local.node_layout import NodeLayout, without_own
 from trainguard.backends.local.oom import exit_readings, memory_reading
-from trainguard.backends.local.run import PipeProtocol, Protocol, Run, spawn_failed
+from trainguard.backends.local.run import (
+    PipeProtocol,
+    Protocol,
+    Run,
+    let_end_on_their_own,
+    spawn_failed,
+)
 from trainguard.backends.local.tracking import RunProcesses, Tracking, alive, already_exited
 from trainguard.backends.local.warm_start import WarmStart
 from trainguard.backends.local.zygote import ZygoteError
-from trainguard.backends.machine_probe import KMSG_READ_S, NVIDIA_SMI_S, STATVFS_S
 from trainguard.backends.net import free_port
 from trainguard.classify.classes import Classification
 from trainguard.classify.own_errors import zygote_death_note
@@ -40,8 +45,6 @@ from trainguard.hangs.stack_dumps import dump_stacks
 from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.signals import signal_name
 
-_READING_S = NVIDIA_SMI_S + STATVFS_S + KMSG_READ_S  # a wrapper reading its node, at most
-_DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
 _DRAIN_S = 1.0  # how long to wait for the last output once a replica's group is gone
 _KILLED_S = 5.0  # how long a forked replica's exit may take to come once it was SIGKILLed
 
@@ -340,22 +343,7 @@ class LocalBackend:
         runs = [self._runs[r] for r in replicas if r in self._runs]
         if not runs:
             return
-        # One that has printed a traceback is most likely exiting of its own error (Python
-        # with torch can take a while to shut down, and its peers fail first on the closed
-        # connection): let it end on its own, so its own exit is its cause, not our stop.
-        # One whose wrapper said its program ended is reading its node: its readings, within
-        # the probe's own bounds, are the evidence of what it died of.
-        dying = [
-            r
-            for r in runs
-            if not r.exited.is_set() and (r.printed_traceback() or r.launch.replica in ended)
-        ]
-        if dying:
-            reading = any(r.launch.replica in ended for r in dying)
-            await asyncio.wait(
-                [asyncio.ensure_future(r.exited.wait()) for r in dying],
-                timeout=_READING_S if reading else _DYING_S,
-            )
+        await let_end_on_their_own(runs, ended)
         for run in runs:
             # One that already died on its own (a zombie not yet reaped) keeps its own
             # exit: it may be the root cause, and is not the master's doing.

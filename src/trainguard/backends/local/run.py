@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import TextIO
 
 from trainguard.backends.interface import Launch, ReplicaExited
 from trainguard.backends.local.oom import oom_kill_count
 from trainguard.backends.local.tracking import RunProcesses
-from trainguard.backends.machine_probe import monotonic_us
+from trainguard.backends.machine_probe import (
+    KMSG_READ_S,
+    NVIDIA_SMI_S,
+    STATVFS_S,
+    monotonic_us,
+)
 from trainguard.backends.output import RunOutput
 from trainguard.classify.classes import ExitEvidence
 
@@ -123,3 +128,26 @@ def spawn_failed(launch: Launch, exc: OSError) -> ReplicaExited:
         why = f"cannot start {program!r}: {exc.strerror or exc}"
     ev = ExitEvidence(launch.replica, None, spawn_error=why, spawn_errno=exc.errno)
     return ReplicaExited(launch.attempt, launch.replica, launch.restart, None, ev, time.time())
+
+
+_DYING_S = 2.0  # how long a replica that printed a traceback may take to exit on its own
+_READING_S = NVIDIA_SMI_S + STATVFS_S + KMSG_READ_S  # a wrapper reading its node, at most
+
+
+async def let_end_on_their_own(runs: Sequence[Run], ended: Collection[str]) -> None:
+    """Before a stop, wait a little for the runs already ending of their own failure, so
+    that their own exit is their cause, not the stop. One that printed a traceback (Python
+    with torch can take a while to shut down, and its peers fail first on the closed
+    connection), within `_DYING_S`; one in `ended`, whose wrapper said its program ended
+    and is reading its node, within the probe's own bounds: its readings are the evidence."""
+    dying = [
+        r
+        for r in runs
+        if not r.exited.is_set() and (r.printed_traceback() or r.launch.replica in ended)
+    ]
+    if dying:
+        reading = any(r.launch.replica in ended for r in dying)
+        await asyncio.wait(
+            [asyncio.ensure_future(r.exited.wait()) for r in dying],
+            timeout=_READING_S if reading else _DYING_S,
+        )

@@ -81,7 +81,7 @@ class SlurmBackend:
         self._where: dict[str, str] = {}  # replica -> the node of its current run
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._reading: set[asyncio.Future[None]] = set()  # failed exits, their nodes probed
+        self._reading: set[asyncio.Future[Any]] = set()  # failed exits, their nodes probed
         self._ended: dict[str, int] = {}  # replica -> its program's status, said before a stop
         self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
         self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
@@ -165,7 +165,7 @@ class SlurmBackend:
         replica that died on its own a moment before the stop is its peers' root cause,
         and the master settles on the exits it has when this returns."""
         ended = {r: ended_on_its_own(self._inner.log_tail(r)) for r in replicas}
-        self._ended = {r: code for r, code in ended.items() if code is not None}
+        self._ended.update({r: code for r, code in ended.items() if code is not None})
         await self._inner.stop(replicas, grace_s, list(self._ended))
         await self._cancel_steps(replicas)
         if self._reading:
@@ -337,10 +337,7 @@ class SlurmBackend:
         if ev.evidence.stop_requested or ev.evidence.returncode == 0 or _own_fault(ev):
             self._emit(ev)
             return
-        reading = asyncio.ensure_future(self._failed(ev))
-        self._reading.add(reading)
-        reading.add_done_callback(self._reading.discard)
-        self._keep(reading)
+        self._keep(asyncio.ensure_future(self._failed(ev)), self._reading)
 
     async def _failed(self, ev: ReplicaExited) -> None:
         """A replica failed: first, whether the allocation itself ended (scancel of an
@@ -389,9 +386,11 @@ class SlurmBackend:
         if self._alloc is not None:
             await steps.cancel(self._alloc.job_id, replicas)
 
-    def _keep(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _keep(self, task: asyncio.Future[Any], *also: set[asyncio.Future[Any]]) -> None:
+        """Held (in `_tasks`, and each of `also`) until it is done."""
+        for held in (self._tasks, *also):
+            held.add(task)
+            task.add_done_callback(held.discard)
 
 
 _PROBE = os.environ.get("TRAINGUARD_SLURM_NODE_PROBE", "1") != "0"

@@ -183,7 +183,6 @@ def _memory(before: tuple[str, int, bool] | None) -> MachineReading:
 def _probe(pid: int, since_us: int, paths: Sequence[str], counter: object) -> None:
     """Read the machine about the failed child and print the marker lines (never raises:
     the exit status matters more than the readings)."""
-    import contextlib
     import json
 
     try:
@@ -224,7 +223,6 @@ def _exit_like(status: int) -> None:
     """Leave with the child's wait status: its code, or its signal raised again."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        import contextlib
         import resource
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
