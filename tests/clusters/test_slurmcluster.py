@@ -16,6 +16,8 @@ import slurmcluster
 from conftest import wait_for
 from slurmcluster import SlurmCluster
 
+from trainguard.backends.slurm.placement import step_lost
+
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurmcluster.slurm_cluster  # the module's cluster
 
@@ -129,17 +131,30 @@ def test_a_node_that_dies_goes_down_and_comes_back(slurm: SlurmCluster) -> None:
     # (in one full-suite run only once), and sometimes (1 run in ~10) a line
     #   srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
     # last, or, cut to "srun: Job step aborted", between the two (once, in a fresh-clone CI
-    # run). (With -N2 and one node dying, srun instead exits 143: its task on the live node
+    # run). Or, under load (a fresh-clone run of the suite on 4 workers), srun loses its
+    # step before slurmctld says why, still with exit status 0:
+    #   srun: error: _server_read: fd 14 error reading header: Connection reset by peer
+    #   srun: error: step_launch_notify_io_failure: aborting, io error with slurmstepd on node 0
+    #   srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
+    #   srun: error: Timed out waiting for job step to complete
+    # which the Slurm backend reads as a failure and probes the node (`step_lost`).
+    # (With -N2 and one node dying, srun instead exits 143: its task on the live node
     # is cancelled "DUE TO NODE FAILURE" and reported "Terminated".)
     assert slurm.node_state(2) == "DOWN+NOT_RESPONDING"
     assert (step.returncode, out) == (0, "")
     lines = err.splitlines()
     failure = "srun: error: Node failure on tg-host-2"
     aborted = [x for x in lines if x.startswith("srun: Job step aborted")]
-    assert 1 <= lines.count(failure) <= 2 and len(aborted) <= 1, err
     # Under load srun may also say its I/O socket to the dead node broke.
     socket = [x for x in lines if x.startswith("srun: error: eio_message_socket_accept")]
-    assert len(lines) == lines.count(failure) + len(aborted) + len(socket), err  # no more
+    if lines.count(failure) == 0 and step_lost(lines):
+        io = ("srun: error: _server_read", "srun: error: step_launch_notify_io_failure")
+        gave_up = "srun: error: Timed out waiting for job step to complete"
+        said = [x for x in lines if x.startswith(io) or x == gave_up]
+        assert len(lines) == len(said) + len(aborted) + len(socket), err  # no more
+    else:
+        assert 1 <= lines.count(failure) <= 2 and len(aborted) <= 1, err
+        assert len(lines) == lines.count(failure) + len(aborted) + len(socket), err  # no more
     assert silent < 10 and down < 20 and returned < down + 5, (silent, down, returned)
     print(f"not responding after {silent:.1f}s, down after {down:.1f}s, srun {returned:.1f}s")
 

@@ -106,6 +106,47 @@ def test_slurm_still_loses_a_node_that_does_not_answer(monkeypatch: pytest.Monke
     assert "n0" in out.evidence.node_lost
 
 
+_STEP_LOST = (
+    "srun: error: _server_read: fd 14 error reading header: Connection reset by peer",
+    "srun: error: step_launch_notify_io_failure: aborting, io error with slurmstepd on node 0",
+    "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.",
+    "srun: error: Timed out waiting for job step to complete",
+)
+"""What srun said, exiting 0, when the node under its step died (a fresh-clone run)."""
+
+
+@pytest.mark.parametrize(
+    ("answer", "lost"), [(Answer.LOST, True), (Answer.ALIVE, False)], ids=["dead", "alive"]
+)
+def test_srun_that_lost_its_step_and_exits_0_is_no_success(
+    monkeypatch: pytest.MonkeyPatch, answer: Answer, lost: bool
+) -> None:
+    """Its node is probed: lost if it does not answer; a failure either way."""
+    asked: list[str] = []
+    backend, seen = _slurm(
+        {"n0": Probe(answer, "x"), "n1": Probe(Answer.ALIVE)}, asked, monkeypatch
+    )
+    ev = ExitEvidence("worker-0", 0, log_tail=("step 3", *_STEP_LOST))
+    asyncio.run(_deliver(backend, _exit(ev)))
+    (out,) = seen
+    assert isinstance(out, ReplicaExited) and out.evidence.returncode == 1
+    assert "n0" in asked
+    assert (out.evidence.node_lost is not None) is lost
+    c = classify_exit(out.evidence)
+    assert c.retryable and (c.failure_class is FailureClass.NODE_LOST) is lost
+
+
+def test_srun_exiting_0_with_no_word_of_a_lost_step_is_a_success(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    backend, seen = _slurm(ALIVE, asked, monkeypatch)
+    tail = ("srun: error: Timed out waiting for job step to complete", "done")
+    asyncio.run(_deliver(backend, _exit(ExitEvidence("worker-0", 0, log_tail=tail))))
+    (out,) = seen
+    assert isinstance(out, ReplicaExited) and out.evidence.returncode == 0 and asked == []
+
+
 def test_an_allocation_slurm_ended_is_a_cancel_told_once_before_the_exits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -123,7 +123,7 @@ class RayBackend:
         actor = self._place.actors[launch.replica]
         node = self._place.nodes[launch.replica]
         run = _Run(launch, actor, node, self._tee, self._on_output)
-        zygote = self._warm.ready_on(node["node_id"])
+        zygote = await self._warm.ready(node["node_id"], launch.replica)
         try:
             info = await bounded(
                 actor.start.remote(

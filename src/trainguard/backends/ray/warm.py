@@ -14,6 +14,9 @@ from trainguard.backends.local.warm_start import common_env, mark_hosted
 from trainguard.backends.local.zygote import expand
 from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
 
+WARM_WAIT_S = 3 * CALL_S
+"""How long a restart waits for its node's zygote to finish importing before it starts cold."""
+
 
 class NodeZygotes:
     """The warm start on Ray: a `NodeZygote` actor on each node the job has used, made in
@@ -29,6 +32,7 @@ class NodeZygotes:
         self._actors: dict[str, Any] = {}  # node id -> its NodeZygote actor
         self._ready: dict[str, asyncio.Task[None]] = {}
         self._usable: set[str] = set()  # node ids whose zygote has imported
+        self._fresh: set[str] = set()  # node ids whose zygote this start made
         self.notes: list[str] = []
         self._said: set[tuple[str, str]] = set()
         self._hosted: set[tuple[str, int]] = set()  # (ip, port) of stores a keeper holds
@@ -39,6 +43,7 @@ class NodeZygotes:
         """At the first start, what to import (`auto`: what the program needs); at every
         start, a zygote for each node of the placement that has none."""
         launches = [launch for launch in launches if SERVICE_ENV not in launch.env]
+        self._fresh = set()
         if not launches:
             return  # services do not count: the replicas' program decides what to import
         if not self._planned:
@@ -67,6 +72,7 @@ class NodeZygotes:
                 .remote()
             )
             self._actors[node_id] = actor
+            self._fresh.add(node_id)
             self._ready[node_id] = asyncio.create_task(self._warm_up(node_id, label(node), actor))
 
     async def _warm_up(self, node_id: str, label: str, actor: Any) -> None:
@@ -109,6 +115,21 @@ class NodeZygotes:
     def ready_on(self, node_id: str) -> Any:
         """The node's zygote actor if it has imported (else the replica starts cold)."""
         return self._actors[node_id] if node_id in self._usable else None
+
+    async def ready(self, node_id: str, replica: str) -> Any:
+        """`ready_on`, once a zygote an earlier start made has finished importing: it began
+        before this start, so it is ready no later than a cold start's own imports would
+        be (a restart that came sooner than its import, as under load). One this start made
+        is not waited for: the node's first attempt starts cold."""
+        task = self._ready.get(node_id)
+        if task is not None and not task.done() and node_id not in self._fresh:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), WARM_WAIT_S)
+            except TimeoutError:
+                self.cold(
+                    replica, f"its node's zygote is still importing after {WARM_WAIT_S:.0f} s"
+                )
+        return self.ready_on(node_id)
 
     def started(self, attempt: int, forked: int, of: int) -> None:
         if self._modules:

@@ -47,7 +47,13 @@ from trainguard.backends.slurm import cluster, steps
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
 from trainguard.backends.slurm.node_check import check_allocation
 from trainguard.backends.slurm.node_probe import ended_on_its_own, with_readings
-from trainguard.backends.slurm.placement import layout_env, node_failure, place, srun_argv
+from trainguard.backends.slurm.placement import (
+    layout_env,
+    node_failure,
+    place,
+    srun_argv,
+    step_lost,
+)
 from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
 from trainguard.classify.own_errors import is_own_resource_errno
 from trainguard.hangs.stack_model import ReplicaStacks
@@ -334,6 +340,9 @@ class SlurmBackend:
         if failed is not None:  # srun exits 0 when the node under its task dies
             lost = replace(ev.evidence, returncode=None, node_lost=self._lost_text(failed))
             ev = replace(ev, evidence=lost)
+        elif ev.evidence.returncode == 0 and step_lost(ev.evidence.log_tail):
+            # srun's status for an error of its own (22.05 says 0 here): its node is probed
+            ev = replace(ev, evidence=replace(ev.evidence, returncode=1))
         if ev.evidence.stop_requested or ev.evidence.returncode == 0 or _own_fault(ev):
             self._emit(ev)
             return
