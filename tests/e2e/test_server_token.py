@@ -15,7 +15,7 @@ import pytest
 from conftest import TG
 from test_server import Server
 
-from trainguard.service.config import challenge_proof
+from trainguard.service.challenge import challenge_proof
 
 
 class _Listener(http.server.ThreadingHTTPServer):

@@ -10,8 +10,8 @@ import pytest
 from trainguard.backends.interface import Launch
 from trainguard.backends.slurm.cluster import SlurmError, allocation_from_env, parse_node
 from trainguard.backends.slurm.placement import place, srun_argv
-from trainguard.cli.parser import build_parser
-from trainguard.cli.spec_flags import build_spec, split_command
+from trainguard.cli.parser import build_parser, split_command
+from trainguard.cli.spec_flags import build_spec
 from trainguard.errors import SpecError
 from trainguard.spec.models import validate_spec
 

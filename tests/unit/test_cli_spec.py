@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from trainguard.cli.parser import build_parser
-from trainguard.cli.spec_flags import build_spec, split_command
+from trainguard.cli.parser import build_parser, split_command
+from trainguard.cli.spec_flags import build_spec
 from trainguard.errors import SpecError
 from trainguard.spec import fields
 from trainguard.spec.aimaster_flags import FLAGS

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.cli.parser import build_parser
-from trainguard.cli.spec_flags import build_spec, split_command
+from trainguard.cli.parser import build_parser, split_command
+from trainguard.cli.spec_flags import build_spec
 from trainguard.errors import SpecError
 from trainguard.spec.models import validate_spec
 

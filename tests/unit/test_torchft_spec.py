@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from trainguard.classify.classes import Classification, ExitKind, FailureClass
-from trainguard.cli.parser import build_parser
-from trainguard.cli.spec_flags import build_spec, split_command
+from trainguard.cli.parser import build_parser, split_command
+from trainguard.cli.spec_flags import build_spec
 from trainguard.errors import SpecError
 from trainguard.frameworks import preset
 from trainguard.policy.actions import FailJob, RestartGroup, RestartJob, RestartReplica, describe

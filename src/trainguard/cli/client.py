@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
-from trainguard.service.config import challenge_proof
+from trainguard.service.challenge import challenge_proof
 
 
 class ServerError(TrainguardError):

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 from trainguard.classify.logtail import printable
 from trainguard.cli import completion
 from trainguard.cli.nodes import LocalNodes, RemoteNodes, cmd_nodes
-from trainguard.cli.parser import EXIT_CANCELLED, EXIT_FAILED, EXIT_USAGE, build_parser
+from trainguard.cli.parser import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    SPEC_COMMANDS,
+    build_parser,
+    command_of,
+    split_command,
+)
 from trainguard.cli.readers import (
     cmd_classify,
     cmd_explain,
@@ -31,7 +39,6 @@ from trainguard.cli.readers import (
     cmd_status,
     dump_json,
 )
-from trainguard.cli.spec_flags import build_spec, split_command
 from trainguard.errors import JobNotFound, ResumeError, SpecError, TrainguardError
 from trainguard.records.engine import default_home
 from trainguard.records.liveness import reap_interrupted
@@ -198,8 +205,6 @@ def cmd_master(args: argparse.Namespace, store: Store) -> int:
 
 def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
     """`--server`, else $TRAINGUARD_SERVER; for submit, else the server of this home."""
-    from trainguard.cli.client import Client
-
     home = home or default_home()
     url = getattr(args, "server", None)
     if url is None and args.cmd == "submit":
@@ -214,6 +219,8 @@ def _client(args: argparse.Namespace, home: Path | None) -> Client | None:
     if not url:
         _token(args)  # a --token-file that cannot be read is named, server or not
         return None
+    from trainguard.cli.client import Client
+
     return Client(url, _token(args), home_token=_home_token_for(url, home))
 
 
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     head, command = split_command(argv)
     try:
-        args = build_parser().parse_args(head)
+        args = build_parser(command_of(head)).parse_args(head)
         _utf8_args(args)
         home = Path(args.home).resolve() if args.home else None
         if args.cmd == "classify":
@@ -336,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "server":
             return cmd_server(args)
         spec = None  # a job's spec is checked before anything is stored or sent
-        if args.cmd in ("run", "submit"):
+        if args.cmd in SPEC_COMMANDS:
+            from trainguard.cli.spec_flags import build_spec
+
             spec = build_spec(args, command or [c for c in args.command if c != "--"])
         elif command:
             raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])

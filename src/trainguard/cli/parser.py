@@ -6,13 +6,9 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainguard import __version__
-from trainguard.cli.spec_flags import add_spec_flags
-
-if TYPE_CHECKING:
-    pass
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -76,7 +72,29 @@ def _exit_status(text: str) -> int:
 _MANY = 10**9  # more lines, jobs or attempts than any store holds
 
 
-def build_parser() -> argparse.ArgumentParser:
+SPEC_COMMANDS = ("run", "submit")
+"""The commands whose flags build a job spec (`spec_flags`: they import the spec's models,
+which the other commands do without, so `status` answers in about half the time)."""
+
+
+def command_of(head: list[str]) -> str | None:
+    """The subcommand `head` names (its first word that is no top-level option or its
+    value), or None: then the whole grammar is built, for help and errors."""
+    i = 0
+    while i < len(head):
+        word = head[i]
+        if word in ("--home", "--db"):
+            i += 2
+            continue
+        if not word.startswith("-"):
+            return word
+        i += 1
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The grammar; given the `command` about to be parsed, without the spec flags of
+    the commands it is not (`SPEC_COMMANDS`)."""
     p = _Parser(prog="trainguard", description="Fault-tolerance master for distributed training.")
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
     p.add_argument("--home", help="state directory (default: $TRAINGUARD_HOME or ./.trainguard)")
@@ -104,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     run = sub.add_parser("run", help="run a job and supervise it until it ends")
-    add_spec_flags(run)
+    sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
+    if command is None or command in SPEC_COMMANDS:
+        from trainguard.cli.spec_flags import add_spec_flags
+
+        add_spec_flags(run)
+        add_spec_flags(sb)
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
     run.add_argument(
         "--plain", action="store_true", help="plain lines, no live panel (as in a pipe)"
@@ -116,8 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
 
-    sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
-    add_spec_flags(sb)
     sb.add_argument("--json", action="store_true")
     sb.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
 
@@ -231,3 +252,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------ run
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Options before `--`, the replica command after it.
+
+    `--ft-args "--job-execution-mode=Sync ..."` is glued into one token first: its value
+    starts with `--`, which argparse would otherwise take for an option of its own.
+    """
+    head: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return head, argv[i + 1 :]
+        if argv[i] == "--ft-args" and i + 1 < len(argv):
+            head.append(f"--ft-args={argv[i + 1]}")
+            i += 2
+            continue
+        head.append(argv[i])
+        i += 1
+    return head, []

@@ -21,7 +21,6 @@ from trainguard.cli.render import (
     to_text,
 )
 from trainguard.errors import SpecError
-from trainguard.policy.outcome import first_decision, retries
 from trainguard.records.explain import (
     classification_json,
     classify_file,
@@ -30,7 +29,6 @@ from trainguard.records.explain import (
     print_explain,
 )
 from trainguard.records.queries import Reader
-from trainguard.spec.limits import pattern_problems
 from trainguard.states import JobState
 
 if TYPE_CHECKING:
@@ -110,6 +108,8 @@ def cmd_explain(args: argparse.Namespace, reader: Reader) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    from trainguard.spec.limits import pattern_problems
+
     problems = pattern_problems(args.retryable_error, "--retryable-error")
     if problems:
         raise SpecError(problems)
@@ -132,6 +132,8 @@ def first_failure_verdict(c: Classification) -> dict[str, Any]:
     """`retry`, `decision` (its kind) and `why`: what the default policy does with `c` as a
     job's first failure. The pure policy itself, with the spec's defaults (read from the
     model, never restated here), fresh budgets and one replica, as a live master would."""
+    from trainguard.policy.outcome import first_decision, retries  # the policy: not for status
+
     if not c.is_failure:
         return {"retry": False, "decision": None, "why": f"a {c.kind.value} exit is no failure"}
     d = first_decision(c)

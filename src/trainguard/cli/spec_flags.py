@@ -40,26 +40,6 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(*row.flags, **kw)
 
 
-def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Options before `--`, the replica command after it.
-
-    `--ft-args "--job-execution-mode=Sync ..."` is glued into one token first: its value
-    starts with `--`, which argparse would otherwise take for an option of its own.
-    """
-    head: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--":
-            return head, argv[i + 1 :]
-        if argv[i] == "--ft-args" and i + 1 < len(argv):
-            head.append(f"--ft-args={argv[i + 1]}")
-            i += 2
-            continue
-        head.append(argv[i])
-        i += 1
-    return head, []
-
-
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     """Spec file, then --ft-args, then explicit flags: each later source wins."""
     data: dict[str, Any] = load_spec_file(args.file) if args.file else {}

@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard.classify.catalogue import Rules
 from trainguard.classify.classes import UNCERTAIN_BELOW, Classification, ExitEvidence
-from trainguard.classify.exits import classify_exit
 from trainguard.classify.logtail import TAIL_BYTES, Tail, printable
 from trainguard.classify.readings import from_json
 from trainguard.errors import SpecError
@@ -136,6 +134,9 @@ def classify_file(
 ) -> Classification:
     """The classifier, as the master runs it, over the tail of any log file; `progressed`
     is what a live master knows and a pasted log may hide (it trained before it failed)."""
+    from trainguard.classify.catalogue import Rules  # the rules: for `classify`, not `status`
+    from trainguard.classify.exits import classify_exit
+
     try:
         data = read_tail(path, TAIL_BYTES)  # bounded: a device, a FIFO, a huge file
     except OSError as exc:

@@ -1,5 +1,5 @@
-"""The service: the queue scheduler, its quota policy, the HTTP API and its guard, metrics, the
-server"s configuration and the web page.
+"""The service: the queue scheduler, its quota policy, the HTTP API and its guard (and the
+token challenge the CLI checks), metrics, the server's configuration and the web page.
 """
 
-__all__ = ["api", "config", "http_guard", "metrics", "quota", "scheduler", "server"]
+__all__ = ["api", "challenge", "config", "http_guard", "metrics", "quota", "scheduler", "server"]

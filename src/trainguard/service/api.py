@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from trainguard.errors import JobNotFound, ResumeError, SpecError, StoreError, TrainguardError
 from trainguard.records import nodes
 from trainguard.records.queries import StoreReader
-from trainguard.service.config import challenge_proof
+from trainguard.service.challenge import challenge_proof
 from trainguard.service.metrics import render_metrics
 from trainguard.service.scheduler import Service
 from trainguard.spec.limits import MAX_LIMIT

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import ipaddress
 import os
 from pathlib import Path
@@ -100,21 +98,6 @@ def home_token(home: Path, create: bool = False) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([f"{path}: cannot read the server token ({exc})"]) from None
     return token or None
-
-
-def challenge_proof(token: str, nonce: str, host: str, port: int) -> str:
-    """What a server holding `token` answers to `nonce` on the socket (host, port) the
-    client reached: the CLI sends a home's token only to the server that proves it.
-
-    The address is in the proof, so a listener elsewhere that relays the challenge to
-    the real server gets a proof for the real server's address, which the CLI refuses.
-    """
-    with contextlib.suppress(ValueError):
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-        host = str(mapped or ip)  # a dual-stack socket sees 127.0.0.1 as ::ffff:127.0.0.1
-    message = f"trainguard-challenge|{nonce}|{host}|{port}".encode()
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 def is_loopback(host: str) -> bool:
