@@ -5,6 +5,9 @@
 # and scripts/mpi_deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts ~2,000 Python processes: each compiles trainguard's modules (and what the
+# install left uncompiled) once and keeps the bytecode, rather than again every time.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh test
 bash scripts/system_deps.sh
 bash scripts/mpi_deps.sh
