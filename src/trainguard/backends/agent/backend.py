@@ -1,0 +1,291 @@
+"""The master's side of the node agents (issue 40): a `Backend` whose replicas run where
+their node's agent runs. It listens for agents (`listen`), welcomes those of its job and
+token and refuses the rest (`protocol.refusal`), places each launch on an agent, and turns
+what the agents send back into the same events a local run gives.
+
+An agent silent past `AGENT_SILENT_S` (no heartbeat, no event) is a lost node, whatever its
+replicas were doing: each replica still running there is reported exited with `node_lost`,
+without waiting for a scheduler to notice. The master never reaches into an agent's
+processes by pid: it sends orders (start, stop, signal) and waits for their answers.
+
+This first step places launches round-robin by rank over the agents in the order they
+joined, takes no stacks through the agents yet, and is driven by its tests, not yet by
+the Slurm or Ray backends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainguard.backends.agent import protocol as wire
+from trainguard.backends.interface import (
+    BackendEvent,
+    Launch,
+    ReplicaExited,
+    ReplicaOutput,
+    ReplicaStarted,
+)
+from trainguard.backends.net import free_port
+from trainguard.classify.classes import Classification, ExitEvidence
+from trainguard.classify.logtail import Tail
+from trainguard.hangs.stack_model import ReplicaStacks
+
+AGENT_SILENT_S = 3.0
+"""An agent silent this long is a lost node (it beats every `node.BEAT_S`, 0.5 s)."""
+BEAT_S = 0.5
+ANSWER_S = 30.0
+"""How long an order (stop, signal) waits for its agent's answer: past it the agent is lost."""
+
+
+class _Link:
+    """One agent: its node, its connection, the orders it has not answered yet."""
+
+    def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
+        self.node = node
+        self.writer = writer
+        self.heard_s = time.monotonic()
+        self.waiting: dict[int, asyncio.Future[bool]] = {}
+        self.lost: str | None = None
+
+    def say(self, msg: Mapping[str, Any]) -> None:
+        if self.lost is None:
+            self.writer.write(wire.encode(msg))
+
+
+class AgentBackend:
+    def __init__(self, job: str, token: str, host: str = "127.0.0.1") -> None:
+        self._job, self._token, self._host = job, token, host
+        self._emit: Callable[[BackendEvent], None] = lambda _ev: None
+        self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
+        self._joined = asyncio.Condition()
+        self._where: dict[str, str] = {}  # replica -> node of its current run
+        self._runs: dict[str, tuple[int, int, int | None]] = {}  # replica -> attempt, restart, pid
+        self._tails: dict[str, Tail] = {}
+        self._last_output: dict[str, float] = {}
+        self._ids = itertools.count(1)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.refused: list[str] = []  # why each refused agent was refused, in order
+
+    # -------------------------------------------------------------- agents
+
+    async def listen(self) -> tuple[str, int]:
+        """Where agents connect (this host, a free port)."""
+        self._server = await asyncio.start_server(self._accept, self._host, 0, limit=wire.MAX_LINE)
+        port = self._server.sockets[0].getsockname()[1]
+        self._keep(asyncio.ensure_future(self._watch()))
+        return self._host, int(port)
+
+    async def wait_for_agents(self, count: int, timeout_s: float) -> list[str]:
+        """The nodes of the first `count` agents to join; TimeoutError past `timeout_s`."""
+        async with self._joined:
+            await asyncio.wait_for(
+                self._joined.wait_for(lambda: len(self._live()) >= count), timeout_s
+            )
+        return self._live()[:count]
+
+    def _live(self) -> list[str]:
+        return [n for n, link in self._links.items() if link.lost is None]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            msg = wire.decode(await reader.readline(), wire.AGENT_SAYS)
+            why = wire.refusal(msg, self._job, self._token)
+            if why is None and msg["node"] in self._live():
+                why = f"node {msg['node']} has an agent already"
+        except wire.ProtocolError as exc:
+            why = str(exc)
+        if why is not None:
+            self.refused.append(why)
+            writer.write(wire.encode({"type": "refuse", "why": why}))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        link = _Link(str(msg["node"]), writer)
+        self._links[link.node] = link
+        writer.write(wire.encode({"type": "welcome"}))
+        async with self._joined:
+            self._joined.notify_all()
+        await self._read(link, reader)
+
+    async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            while line := await reader.readline():
+                link.heard_s = time.monotonic()
+                self._on_message(link, wire.decode(line, wire.AGENT_SAYS))
+            self._lose(link, "its agent closed the connection")
+        except (ConnectionError, wire.ProtocolError) as exc:
+            self._lose(link, f"its agent's connection failed: {exc}")
+
+    def _on_message(self, link: _Link, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "beat":
+            return
+        if kind == "done":
+            waiting = link.waiting.pop(int(msg["id"]), None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(bool(msg.get("ok", True)))
+            return
+        ev = wire.event_of(msg, link.node)
+        if isinstance(ev, ReplicaStarted):
+            self._runs[ev.replica] = (ev.attempt, ev.restart, ev.pid)
+        elif isinstance(ev, ReplicaOutput):
+            tail = self._tails.setdefault(ev.replica, Tail())
+            for segment in ev.segments:
+                tail.append(segment)
+            self._last_output[ev.replica] = ev.time_s
+        elif isinstance(ev, ReplicaExited):
+            if self._where.get(ev.replica) != link.node:
+                return  # reported lost with its node already
+            self._where.pop(ev.replica, None)
+            self._runs.pop(ev.replica, None)
+        self._emit(ev)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            now = time.monotonic()
+            for link in list(self._links.values()):
+                link.say({"type": "beat", "time_s": time.time()})
+                if link.lost is None and now - link.heard_s > AGENT_SILENT_S:
+                    self._lose(link, f"its agent was silent for {now - link.heard_s:.1f} s")
+
+    def _lose(self, link: _Link, why: str) -> None:
+        """The node is lost: each replica still running there exits with `node_lost`."""
+        if link.lost is not None:
+            return
+        link.lost = why
+        link.writer.close()
+        for waiting in link.waiting.values():
+            if not waiting.done():
+                waiting.set_result(False)
+        text = f"node {link.node} lost: {why}"
+        for replica in [r for r, n in self._where.items() if n == link.node]:
+            attempt, restart, pid = self._runs.pop(replica, (0, 0, None))
+            del self._where[replica]
+            tail = self.log_tail(replica)
+            ev = ExitEvidence(replica, None, log_tail=tail, node_lost=text)
+            self._emit(ReplicaExited(attempt, replica, restart, pid, ev, time.time()))
+
+    async def _order(self, node: str, msg: dict[str, Any]) -> bool:
+        link = self._links[node]
+        if link.lost is not None:
+            return False
+        order = next(self._ids)
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        link.waiting[order] = answer
+        link.say({**msg, "id": order})
+        try:
+            return await asyncio.wait_for(answer, ANSWER_S)
+        except TimeoutError:
+            self._lose(link, f"its agent did not answer a {msg['type']} in {ANSWER_S:.0f} s")
+            return False
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -------------------------------------------------------------- the seam
+
+    @property
+    def warm_start_notes(self) -> Sequence[str]:
+        return ()
+
+    def bind(self, emit: Callable[[BackendEvent], None]) -> None:
+        self._emit = emit
+
+    async def channel_host(self) -> str:
+        return self._host
+
+    async def rendezvous(self) -> tuple[str, int]:
+        return self._host, free_port(self._host)
+
+    async def task_addresses(
+        self, replicas: Sequence[str], kept: Mapping[str, str]
+    ) -> dict[str, str]:
+        return {r: kept.get(r) or f"{self._host}:{free_port(self._host)}" for r in replicas}
+
+    async def start(self, launches: Sequence[Launch]) -> None:
+        nodes = self._live()
+        by_node: dict[str, list[Launch]] = {}
+        for launch in launches:
+            if not nodes:
+                ev = ExitEvidence(launch.replica, None, node_lost="no node agent is connected")
+                self._emit(
+                    ReplicaExited(
+                        launch.attempt, launch.replica, launch.restart, None, ev, time.time()
+                    )
+                )
+                continue
+            node = nodes[launch.rank % len(nodes)]
+            self._where[launch.replica] = node
+            self._runs[launch.replica] = (launch.attempt, launch.restart, None)
+            self._tails[launch.replica] = Tail()
+            by_node.setdefault(node, []).append(launch)
+        for node, group in by_node.items():
+            self._links[node].say(
+                {"type": "start", "launches": [wire.launch_message(la) for la in group]}
+            )
+
+    async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
+        by_node: dict[str, list[str]] = {}
+        for replica in replicas:
+            if (node := self._where.get(replica)) is not None:
+                by_node.setdefault(node, []).append(replica)
+        orders = (
+            self._order(node, {"type": "stop", "replicas": group, "grace_s": grace_s})
+            for node, group in by_node.items()
+        )
+        await asyncio.gather(*orders)
+
+    async def signal(self, replica: str, signum: int) -> bool:
+        node = self._where.get(replica)
+        if node is None:
+            return False
+        return await self._order(node, {"type": "signal", "replica": replica, "signum": signum})
+
+    def last_output_s(self, replicas: Collection[str] | None = None) -> float:
+        chosen = (
+            self._last_output
+            if replicas is None
+            else {r: t for r, t in self._last_output.items() if r in replicas}
+        )
+        return max(chosen.values(), default=0.0)
+
+    def log_tail(self, replica: str) -> tuple[str, ...]:
+        tail = self._tails.get(replica)
+        return tail.lines() if tail is not None else ()
+
+    async def dump_stacks(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        timeout_s: float,
+        faulthandler_files: Mapping[str, Path],
+    ) -> list[ReplicaStacks]:
+        why = "stacks through node agents are not taken yet (issue 40)"
+        return [
+            ReplicaStacks(r, rank, pid, "none", False, why, 0.0, ()) for r, rank, pid in targets
+        ]
+
+    def isolate_after(self, replica: str, c: Classification) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        """Each agent is told to close (it stops its replicas first); then the listener ends."""
+        for link in self._links.values():
+            link.say({"type": "close"})
+            link.lost = link.lost or "closed"
+            link.writer.close()
+            with contextlib.suppress(ConnectionError):
+                await link.writer.wait_closed()
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -1,0 +1,167 @@
+"""The node agent's process (issue 40): `python -m trainguard.backends.agent.node MASTER
+JOB NODE` (the job's token in $TRAINGUARD_AGENT_TOKEN). It says hello, and once welcome
+runs its node's replicas through the local backend (warm forks, logs on the node, exits
+with their evidence; its guardian takes them along if the agent is killed) and sends
+their events to the master, with a heartbeat.
+
+What it never does: block a replica. The local backend reads the replicas' output on
+its own; what the agent sends waits in a bounded outbox, and output past its bound is
+dropped (and counted, in a line the master sees) while starts and exits always go. A
+master that stays silent past `MASTER_SILENT_S`, or whose connection ends, makes the
+agent stop its replicas and exit: no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import sys
+import time
+from typing import Any
+
+from trainguard.backends.agent import protocol as wire
+from trainguard.backends.interface import BackendEvent, ReplicaOutput
+from trainguard.backends.local.backend import LocalBackend
+
+BEAT_S = 0.5
+"""How often each side says it is alive."""
+MASTER_SILENT_S = 5.0
+"""A master silent this long is gone: the agent stops its replicas and exits."""
+OUTBOX_BYTES = 8 << 20
+"""Output waiting for a slow master, past which new output is dropped (and counted)."""
+STOP_GRACE_S = 5.0
+
+
+class Agent:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._backend = LocalBackend()
+        self._outbox: collections.deque[dict[str, Any]] = collections.deque()
+        self._queued = 0  # bytes of output in the outbox
+        self._dropped = 0  # output segments dropped since the last that went
+        self._ready = asyncio.Event()
+        self._heard_s = time.monotonic()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _on_event(self, ev: BackendEvent) -> None:
+        """From the local backend, never blocking: output past the bound is dropped."""
+        if isinstance(ev, ReplicaOutput):
+            size = sum(len(s) for s in ev.segments)
+            if self._queued + size > OUTBOX_BYTES:
+                self._dropped += len(ev.segments)
+                return
+            if self._dropped:
+                note = f"trainguard agent: {self._dropped} lines dropped (the master is slow)"
+                ev = ReplicaOutput(
+                    ev.attempt, ev.replica, ev.restart, (note, *ev.segments), ev.time_s
+                )
+                self._dropped = 0
+            self._queued += size
+        self._outbox.append(wire.event_message(ev))
+        self._ready.set()
+
+    async def _send(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._outbox:
+                msg = self._outbox.popleft()
+                if msg["type"] == "output":
+                    self._queued -= sum(len(s) for s in msg["segments"])
+                self._writer.write(wire.encode(msg))
+                await self._writer.drain()
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            if time.monotonic() - self._heard_s > MASTER_SILENT_S:
+                raise ConnectionError(f"the master was silent for {MASTER_SILENT_S:.0f} s")
+            self._outbox.append({"type": "beat", "time_s": time.time()})
+            self._ready.set()
+
+    async def _obey(self, msg: dict[str, Any]) -> bool:
+        """One order of the master; False once it says close."""
+        kind = msg["type"]
+        if kind == "start":
+            launches = [wire.launch_of(d) for d in msg["launches"]]
+            await self._backend.start(launches)
+        elif kind == "stop":
+            await self._backend.stop(list(msg["replicas"]), float(msg["grace_s"]))
+            self._outbox.append({"type": "done", "id": msg["id"], "ok": True})
+        elif kind == "signal":
+            ok = await self._backend.signal(str(msg["replica"]), int(msg["signum"]))
+            self._outbox.append({"type": "done", "id": msg["id"], "ok": ok})
+        elif kind == "close":
+            return False
+        self._ready.set()
+        return True
+
+    async def _listen(self) -> None:
+        while True:
+            line = await self._reader.readline()
+            if not line:
+                raise ConnectionError("the master closed the connection")
+            self._heard_s = time.monotonic()
+            msg = wire.decode(line, wire.MASTER_SAYS)
+            if msg["type"] == "beat":
+                continue
+            task = asyncio.ensure_future(self._obey(msg))  # a stop must not hold the beats
+            if msg["type"] == "close":
+                await task
+                return
+            self._keep(task)
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> str:
+        """Until the master says close or goes away; what ended it."""
+        self._backend.bind(self._on_event)
+        jobs = [asyncio.ensure_future(c) for c in (self._listen(), self._send(), self._beat())]
+        try:
+            done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
+            exc = next(iter(done)).exception()
+            return "the master said close" if exc is None else str(exc)
+        finally:
+            for job in jobs:
+                job.cancel()
+            await self._backend.close()  # every replica still running is stopped
+            self._writer.close()
+
+
+async def serve(master: str, job: str, node: str, token: str) -> int:
+    host, _, port = master.rpartition(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port), limit=wire.MAX_LINE)
+    except (OSError, ValueError) as exc:
+        print(f"trainguard agent: cannot reach the master at {master}: {exc}", file=sys.stderr)
+        return 1
+    writer.write(wire.encode(wire.hello(job, node, token, os.getpid())))
+    first = wire.decode(await reader.readline(), wire.MASTER_SAYS)
+    if first["type"] == "refuse":
+        print(f"trainguard agent: the master refused this agent: {first['why']}", file=sys.stderr)
+        return 2
+    why = await Agent(reader, writer).run()
+    print(f"trainguard agent on {node}: ended: {why}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m trainguard.backends.agent.node MASTER JOB NODE", file=sys.stderr)
+        return 2
+    token = os.environ.get(wire.TOKEN_ENV)
+    if not token:
+        print(f"trainguard agent: no token: set {wire.TOKEN_ENV}", file=sys.stderr)
+        return 2
+    try:
+        master, job, node = argv
+        return asyncio.run(serve(master, job, node, token))
+    except wire.ProtocolError as exc:
+        print(f"trainguard agent: the master broke the protocol: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

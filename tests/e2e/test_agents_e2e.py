@@ -1,0 +1,221 @@
+"""The node agent (issue 40), for real: an agent process on this machine, the master's
+side (`AgentBackend`) in the test, real replicas. Welcome and refusal, a replica's start,
+output and exit as the master sees them, a stop and a signal as orders, a killed agent
+found lost by its silence (with its replicas gone), and a master that goes away taking
+the agent's replicas along."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.backends.agent import backend as agent_backend
+from trainguard.backends.agent.backend import AgentBackend
+from trainguard.backends.agent.protocol import TOKEN_ENV
+from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaStarted
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class World:
+    def __init__(self, tmp: Path, backend: AgentBackend) -> None:
+        self.tmp, self.backend = tmp, backend
+        self.seen: list[BackendEvent] = []
+        backend.bind(self.seen.append)
+        self.agents: list[asyncio.subprocess.Process] = []
+        self.address = ("", 0)
+
+    async def agent(self, node: str, token: str = "tok", job: str = "job-1") -> Any:
+        host, port = self.address
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "trainguard.backends.agent.node",
+            f"{host}:{port}",
+            job,
+            node,
+            env={**os.environ, TOKEN_ENV: token},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        self.agents.append(proc)
+        return proc
+
+    def launch(self, replica: str, rank: int, code: str) -> Launch:
+        argv = (sys.executable, "-c", code)
+        log = self.tmp / f"{replica}.log"
+        return Launch(0, replica, rank, 0, argv, dict(os.environ), str(self.tmp), log)
+
+    async def until(self, found: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while not (got := found()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} in {timeout_s} s: {self.seen}")
+            await asyncio.sleep(0.05)
+        return got
+
+    def exit_of(self, replica: str) -> ReplicaExited | None:
+        return next(
+            (e for e in self.seen if isinstance(e, ReplicaExited) and e.replica == replica), None
+        )
+
+    def pid_of(self, replica: str) -> int | None:
+        return next(
+            (e.pid for e in self.seen if isinstance(e, ReplicaStarted) and e.replica == replica),
+            None,
+        )
+
+
+def _run(tmp_path: Path, scenario: Callable[[World], Awaitable[None]]) -> None:
+    async def main() -> None:
+        w = World(tmp_path, AgentBackend("job-1", "tok"))
+        w.address = await w.backend.listen()
+        try:
+            await scenario(w)
+        finally:
+            await w.backend.close()
+            for proc in w.agents:
+                if proc.returncode is None:
+                    try:
+                        await asyncio.wait_for(proc.wait(), 15)
+                    except TimeoutError:
+                        proc.kill()
+                        await proc.wait()
+
+    asyncio.run(main())
+
+
+def test_an_agent_runs_its_nodes_replicas_and_tells_the_master(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.agent("n2")
+        joined = await w.backend.wait_for_agents(2, 30)
+        assert sorted(joined) == ["n1", "n2"]
+        code = "import sys; print('step 1'); print('step 2', flush=True); sys.exit(3)"
+        await w.backend.start([w.launch("worker-0", 0, code), w.launch("worker-1", 1, code)])
+        for replica, node in (("worker-0", joined[0]), ("worker-1", joined[1])):
+            ev = await w.until(lambda: w.exit_of(replica), 30, f"exit of {replica}")  # noqa: B023
+            assert ev.evidence.returncode == 3 and not ev.evidence.stop_requested
+            assert ev.evidence.log_tail[-2:] == ("step 1", "step 2")
+            started = [e for e in w.seen if isinstance(e, ReplicaStarted) and e.replica == replica]
+            assert [e.node for e in started] == [node]  # round-robin by rank, as they joined
+        assert w.backend.log_tail("worker-1")[-1] == "step 2"
+        assert w.backend.last_output_s() > 0
+
+    _run(tmp_path, scenario)
+
+
+def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        sleep = "import time; print('up', flush=True); time.sleep(60)"
+        await w.backend.start([w.launch("worker-0", 0, sleep), w.launch("worker-1", 1, sleep)])
+        await w.until(lambda: w.backend.log_tail("worker-1"), 30, "worker-1's first line")
+        assert await w.backend.signal("worker-1", signal.SIGKILL)
+        killed = await w.until(lambda: w.exit_of("worker-1"), 30, "worker-1's death")
+        assert killed.evidence.returncode == -signal.SIGKILL
+        assert not await w.backend.signal("worker-1", signal.SIGKILL)  # not running
+        await w.backend.stop(["worker-0"], grace_s=5)
+        stopped = w.exit_of("worker-0")  # told before the stop returns
+        assert stopped is not None and stopped.evidence.stop_requested
+
+    _run(tmp_path, scenario)
+
+
+def test_an_agent_of_another_job_or_token_is_refused_in_one_line(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        for agent, why in (
+            (await w.agent("n1", token="guess"), "wrong token for this job"),
+            (await w.agent("n1", job="job-2"), "agent for job 'job-2'"),
+        ):
+            _, err = await asyncio.wait_for(agent.communicate(), 30)
+            assert agent.returncode == 2
+            line = err.decode().strip()
+            assert line.startswith("trainguard agent: the master refused this agent: "), line
+            assert why in line and "\n" not in line
+        assert len(w.backend.refused) == 2
+        assert w.backend._live() == []
+
+    _run(tmp_path, scenario)
+
+
+def test_a_killed_agent_is_a_lost_node_within_its_heartbeat_bound(tmp_path: Path) -> None:
+    """Its replica sleeps: nothing but the agent's silence says the node is gone."""
+
+    async def scenario(w: World) -> None:
+        agent = await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        sleep = "import time; print('up', flush=True); time.sleep(60)"
+        await w.backend.start([w.launch("worker-0", 0, sleep)])
+        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
+        pid = w.pid_of("worker-0")
+        assert pid is not None and _alive(pid)
+        agent.kill()
+        killed = time.monotonic()
+        ev = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost")
+        found_s = time.monotonic() - killed
+        print(f"agent killed -> node lost in {found_s:.2f} s")
+        assert ev.evidence.node_lost is not None and "n1" in ev.evidence.node_lost
+        assert found_s <= agent_backend.AGENT_SILENT_S + 5  # its bound, with a busy machine's slack
+        await w.until(lambda: not _alive(pid), 15, "the replica gone with its agent")
+
+    _run(tmp_path, scenario)
+
+
+def test_a_frozen_agent_is_a_lost_node_by_its_silence(tmp_path: Path) -> None:
+    """SIGSTOP: its connection stays open (as a host cut off the network or hung would),
+    only the missing heartbeats tell; its replica keeps sleeping meanwhile."""
+
+    async def scenario(w: World) -> None:
+        agent = await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        sleep = "import time; print('up', flush=True); time.sleep(60)"
+        await w.backend.start([w.launch("worker-0", 0, sleep)])
+        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
+        agent.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            ev = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost")
+            found_s = time.monotonic() - frozen
+        finally:
+            agent.kill()  # its guardian then ends the replica
+        print(f"agent frozen -> node lost in {found_s:.2f} s")
+        assert ev.evidence.node_lost is not None and "silent" in ev.evidence.node_lost
+        assert agent_backend.AGENT_SILENT_S <= found_s <= agent_backend.AGENT_SILENT_S + 5
+
+    _run(tmp_path, scenario)
+
+
+def test_a_master_that_goes_away_takes_the_agents_replicas_along(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        agent = await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        sleep = "import time; print('up', flush=True); time.sleep(60)"
+        await w.backend.start([w.launch("worker-0", 0, sleep)])
+        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
+        pid = w.pid_of("worker-0")
+        assert pid is not None
+        for link in w.backend._links.values():
+            link.writer.transport.abort()  # the master's end, gone without a word
+        _, err = await asyncio.wait_for(agent.communicate(), 30)
+        assert agent.returncode == 0, err
+        assert "ended: the master closed the connection" in err.decode()
+        assert not _alive(pid)
+
+    _run(tmp_path, scenario)
