@@ -41,15 +41,19 @@ class World:
         self.agents: list[asyncio.subprocess.Process] = []
         self.address = ("", 0)
 
-    async def agent(self, node: str, token: str = "tok", job: str = "job-1") -> Any:
+    async def agent(
+        self, node: str, token: str = "tok", job: str = "job-1", cli: bool = False
+    ) -> Any:
+        """An agent as a backend starts it (its module), or as a person would (the CLI)."""
         host, port = self.address
+        if cli:
+            argv = [str(Path(sys.executable).with_name("trainguard")), "agent"]
+            argv += [f"{host}:{port}", job, "--node", node]
+        else:
+            argv = [sys.executable, "-m", "trainguard.backends.agent.node"]
+            argv += [f"{host}:{port}", job, node]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "trainguard.backends.agent.node",
-            f"{host}:{port}",
-            job,
-            node,
+            *argv,
             env={**os.environ, TOKEN_ENV: token},
             stderr=asyncio.subprocess.PIPE,
         )
@@ -142,7 +146,7 @@ def test_an_agent_of_another_job_or_token_is_refused_in_one_line(tmp_path: Path)
     async def scenario(w: World) -> None:
         for agent, why in (
             (await w.agent("n1", token="guess"), "wrong token for this job"),
-            (await w.agent("n1", job="job-2"), "agent for job 'job-2'"),
+            (await w.agent("n1", job="job-2", cli=True), "agent for job 'job-2'"),
         ):
             _, err = await asyncio.wait_for(agent.communicate(), 30)
             assert agent.returncode == 2

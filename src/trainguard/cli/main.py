@@ -328,6 +328,13 @@ def _local(args: argparse.Namespace, store: Store, spec: JobSpec | None) -> int:
     return _READERS[args.cmd](args, StoreReader(store))
 
 
+def _node_name() -> str:
+    """This node as its scheduler names it (Slurm), else as the network does."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     head, command = split_command(argv)
@@ -342,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "server":
             return cmd_server(args)
+        if args.cmd == "agent":
+            from trainguard.backends.agent.node import main as agent
+
+            return agent([args.master, args.job, args.node or _node_name()])
         spec = None  # a job's spec is checked before anything is stored or sent
         if args.cmd in SPEC_COMMANDS:
             from trainguard.cli.spec_flags import build_spec

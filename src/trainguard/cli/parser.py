@@ -223,6 +223,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     st.add_argument("--json", action="store_true")
 
+    ag = sub.add_parser(
+        "agent",
+        help="a node agent: runs this node's replicas of a job for its master (started by "
+        "the backend; the job's token in $TRAINGUARD_AGENT_TOKEN)",
+    )
+    ag.add_argument("master", help="the master's agent address, HOST:PORT")
+    ag.add_argument("job", help="the job's id")
+    ag.add_argument(
+        "--node",
+        help="this node's name (default: $SLURMD_NODENAME, else the host name)",
+    )
+
     cl = sub.add_parser("classify", help="classify a log file offline, as the master would")
     cl.add_argument("log", type=Path, help="a replica's log file")
     died = cl.add_mutually_exclusive_group()

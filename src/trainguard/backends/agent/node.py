@@ -132,9 +132,14 @@ class Agent:
 
 async def serve(master: str, job: str, node: str, token: str) -> int:
     host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        print(
+            f"trainguard agent: the master's address is HOST:PORT, got {master!r}", file=sys.stderr
+        )
+        return 2
     try:
         reader, writer = await asyncio.open_connection(host, int(port), limit=wire.MAX_LINE)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         print(f"trainguard agent: cannot reach the master at {master}: {exc}", file=sys.stderr)
         return 1
     writer.write(wire.encode(wire.hello(job, node, token, os.getpid())))
