@@ -142,6 +142,32 @@ def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
     _run(tmp_path, scenario)
 
 
+def test_stacks_are_taken_by_the_agent_where_the_replica_runs(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        code = (
+            "import time\n"
+            "def stuck_in_here():\n"
+            "    print('up', flush=True)\n"
+            "    time.sleep(60)\n"
+            "stuck_in_here()\n"
+        )
+        await w.backend.start([w.launch("worker-0", 0, code)])
+        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
+        pid = w.pid_of("worker-0")
+        assert pid is not None
+        (stacks,) = await w.backend.dump_stacks([("worker-0", 0, pid)], 20, {})
+        assert stacks.ok, stacks.error
+        assert (stacks.replica, stacks.pid) == ("worker-0", pid)
+        names = [f.name for t in stacks.threads for f in t.frames]
+        assert "stuck_in_here" in names, names
+        (none,) = await w.backend.dump_stacks([("worker-9", 9, 1)], 5, {})  # no such replica
+        assert (none.ok, none.error) == (False, "no stacks: not running")
+
+    _run(tmp_path, scenario)
+
+
 def test_an_agent_of_another_job_or_token_is_refused_in_one_line(tmp_path: Path) -> None:
     async def scenario(w: World) -> None:
         for agent, why in (

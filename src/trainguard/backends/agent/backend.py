@@ -9,8 +9,7 @@ without waiting for a scheduler to notice. The master never reaches into an agen
 processes by pid: it sends orders (start, stop, signal) and waits for their answers.
 
 This first step places launches round-robin by rank over the agents in the order they
-joined, takes no stacks through the agents yet, and is driven by its tests, not yet by
-the Slurm or Ray backends."""
+joined, and is driven by its tests, not yet by the Slurm or Ray backends."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ class _Link:
         self.node = node
         self.writer = writer
         self.heard_s = time.monotonic()
-        self.waiting: dict[int, asyncio.Future[bool]] = {}
+        self.waiting: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
         self.lost: str | None = None
 
     def say(self, msg: Mapping[str, Any]) -> None:
@@ -130,7 +129,7 @@ class AgentBackend:
         if kind == "done":
             waiting = link.waiting.pop(int(msg["id"]), None)
             if waiting is not None and not waiting.done():
-                waiting.set_result(bool(msg.get("ok", True)))
+                waiting.set_result(msg)
             return
         ev = wire.event_of(msg, link.node)
         if isinstance(ev, ReplicaStarted):
@@ -164,7 +163,7 @@ class AgentBackend:
         link.writer.close()
         for waiting in link.waiting.values():
             if not waiting.done():
-                waiting.set_result(False)
+                waiting.set_result(None)
         text = f"node {link.node} lost: {why}"
         for replica in [r for r, n in self._where.items() if n == link.node]:
             attempt, restart, pid = self._runs.pop(replica, (0, 0, None))
@@ -173,19 +172,22 @@ class AgentBackend:
             ev = ExitEvidence(replica, None, log_tail=tail, node_lost=text)
             self._emit(ReplicaExited(attempt, replica, restart, pid, ev, time.time()))
 
-    async def _order(self, node: str, msg: dict[str, Any]) -> bool:
+    async def _order(
+        self, node: str, msg: dict[str, Any], within_s: float = ANSWER_S
+    ) -> dict[str, Any] | None:
+        """The agent's answer to an order (None: its node is lost, or is now)."""
         link = self._links[node]
         if link.lost is not None:
-            return False
+            return None
         order = next(self._ids)
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
         link.waiting[order] = answer
         link.say({**msg, "id": order})
         try:
-            return await asyncio.wait_for(answer, ANSWER_S)
+            return await asyncio.wait_for(answer, within_s)
         except TimeoutError:
-            self._lose(link, f"its agent did not answer a {msg['type']} in {ANSWER_S:.0f} s")
-            return False
+            self._lose(link, f"its agent did not answer a {msg['type']} in {within_s:.0f} s")
+            return None
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -248,7 +250,8 @@ class AgentBackend:
         node = self._where.get(replica)
         if node is None:
             return False
-        return await self._order(node, {"type": "signal", "replica": replica, "signum": signum})
+        answer = await self._order(node, {"type": "signal", "replica": replica, "signum": signum})
+        return answer is not None and bool(answer.get("ok"))
 
     def last_output_s(self, replicas: Collection[str] | None = None) -> float:
         chosen = (
@@ -268,10 +271,30 @@ class AgentBackend:
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
     ) -> list[ReplicaStacks]:
-        why = "stacks through node agents are not taken yet (issue 40)"
-        return [
-            ReplicaStacks(r, rank, pid, "none", False, why, 0.0, ()) for r, rank, pid in targets
-        ]
+        """Each node's agent takes its replicas' stacks there, all nodes at once."""
+        by_node: dict[str, list[tuple[str, int, int]]] = {}
+        for target in targets:
+            by_node.setdefault(self._where.get(target[0], ""), []).append(target)
+
+        async def on(node: str, group: list[tuple[str, int, int]]) -> list[ReplicaStacks]:
+            files = {r: str(faulthandler_files[r]) for r, _, _ in group if r in faulthandler_files}
+            order = {"type": "stacks", "targets": group, "timeout_s": timeout_s}
+            answer = None
+            if node:
+                order["faulthandler_files"] = files
+                answer = await self._order(node, order, timeout_s + ANSWER_S)
+            if answer is None or "stacks" not in answer:
+                why = (
+                    f"no stacks: node {node}'s agent is lost" if node else "no stacks: not running"
+                )
+                return [
+                    ReplicaStacks(r, rank, pid, "none", False, why, 0.0, ())
+                    for r, rank, pid in group
+                ]
+            return [ReplicaStacks.from_dict(d) for d in answer["stacks"]]
+
+        found = await asyncio.gather(*(on(n, g) for n, g in by_node.items()))
+        return [stacks for group in found for stacks in group]
 
     def isolate_after(self, replica: str, c: Classification) -> str | None:
         return None

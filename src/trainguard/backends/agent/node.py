@@ -17,6 +17,7 @@ import collections
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from trainguard.backends.agent import protocol as wire
@@ -91,6 +92,13 @@ class Agent:
         elif kind == "signal":
             ok = await self._backend.signal(str(msg["replica"]), int(msg["signum"]))
             self._outbox.append({"type": "done", "id": msg["id"], "ok": ok})
+        elif kind == "stacks":  # taken here, where the pids are this node's
+            targets = [(str(r), int(rank), int(pid)) for r, rank, pid in msg["targets"]]
+            files = {str(r): Path(p) for r, p in msg["faulthandler_files"].items()}
+            stacks = await self._backend.dump_stacks(targets, float(msg["timeout_s"]), files)
+            self._outbox.append(
+                {"type": "done", "id": msg["id"], "stacks": [s.to_dict() for s in stacks]}
+            )
         elif kind == "close":
             return False
         self._ready.set()

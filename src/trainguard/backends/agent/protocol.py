@@ -45,7 +45,7 @@ AGENT_SAYS: Mapping[str, tuple[str, ...]] = {
     "first_output": ("attempt", "replica", "restart", "time_s"),
     "output": ("attempt", "replica", "restart", "segments", "time_s"),
     "exited": ("attempt", "replica", "restart", "pid", "evidence", "time_s"),
-    "done": ("id",),  # the answer to a stop or a signal
+    "done": ("id",),  # the answer to an order: "ok" (a stop, a signal), "stacks" (stacks)
     "beat": ("time_s",),
 }
 MASTER_SAYS: Mapping[str, tuple[str, ...]] = {
@@ -54,6 +54,7 @@ MASTER_SAYS: Mapping[str, tuple[str, ...]] = {
     "start": ("launches",),
     "stop": ("id", "replicas", "grace_s"),
     "signal": ("id", "replica", "signum"),
+    "stacks": ("id", "targets", "timeout_s", "faulthandler_files"),
     "beat": ("time_s",),
     "close": (),
 }
