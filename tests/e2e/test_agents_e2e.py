@@ -85,9 +85,11 @@ class World:
         )
 
 
-def _run(tmp_path: Path, scenario: Callable[[World], Awaitable[None]]) -> None:
+def _run(
+    tmp_path: Path, scenario: Callable[[World], Awaitable[None]], preload: tuple[str, ...] = ()
+) -> None:
     async def main() -> None:
-        w = World(tmp_path, AgentBackend("job-1", "tok"))
+        w = World(tmp_path, AgentBackend("job-1", "tok", preload=preload))
         w.address = await w.backend.listen()
         try:
             await scenario(w)
@@ -122,6 +124,23 @@ def test_an_agent_runs_its_nodes_replicas_and_tells_the_master(tmp_path: Path) -
         assert w.backend.last_output_s() > 0
 
     _run(tmp_path, scenario)
+
+
+def test_an_agent_forks_its_replicas_from_a_warm_zygote_the_master_asked_for(
+    tmp_path: Path,
+) -> None:
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        code = "import sys, json; print(json.dumps(sorted(sys.modules)[:1]), flush=True)"
+        await w.backend.start([w.launch("worker-0", 0, code)])
+        ev = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0's exit")
+        assert ev.evidence.returncode == 0
+        notes = await w.until(lambda: list(w.backend.warm_start_notes), 10, "a warm start note")
+        assert notes[0].startswith("node n1: warm start: json imported once in"), notes
+        assert not any("starts cold" in n for n in notes), notes  # forked
+
+    _run(tmp_path, scenario, preload=("json",))
 
 
 def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:

@@ -57,8 +57,13 @@ class _Link:
 
 
 class AgentBackend:
-    def __init__(self, job: str, token: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, job: str, token: str, host: str = "127.0.0.1", preload: Sequence[str] = ()
+    ) -> None:
+        """`preload`: what each agent's zygote imports (the warm start, as on one machine):
+        told in the welcome, so every node runs what the master decided."""
         self._job, self._token, self._host = job, token, host
+        self._preload = list(preload)
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
         self._joined = asyncio.Condition()
@@ -69,6 +74,7 @@ class AgentBackend:
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._notes: list[str] = []  # each agent's warm start notes, as they come
         self.refused: list[str] = []  # why each refused agent was refused, in order
 
     # -------------------------------------------------------------- agents
@@ -108,7 +114,7 @@ class AgentBackend:
             return
         link = _Link(str(msg["node"]), writer)
         self._links[link.node] = link
-        writer.write(wire.encode({"type": "welcome"}))
+        writer.write(wire.encode({"type": "welcome", "preload": self._preload}))
         async with self._joined:
             self._joined.notify_all()
         await self._read(link, reader)
@@ -125,6 +131,9 @@ class AgentBackend:
     def _on_message(self, link: _Link, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind == "beat":
+            return
+        if kind == "note":
+            self._notes.append(f"node {link.node}: {msg['text']}")
             return
         if kind == "done":
             waiting = link.waiting.pop(int(msg["id"]), None)
@@ -197,7 +206,7 @@ class AgentBackend:
 
     @property
     def warm_start_notes(self) -> Sequence[str]:
-        return ()
+        return self._notes
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit

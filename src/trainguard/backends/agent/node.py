@@ -17,6 +17,7 @@ import collections
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,20 @@ STOP_GRACE_S = 5.0
 
 
 class Agent:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        preload: Sequence[str] = (),
+    ) -> None:
         self._reader, self._writer = reader, writer
-        self._backend = LocalBackend()
+        self._backend = LocalBackend(preload=preload)
         self._outbox: collections.deque[dict[str, Any]] = collections.deque()
         self._queued = 0  # bytes of output in the outbox
         self._dropped = 0  # output segments dropped since the last that went
         self._ready = asyncio.Event()
         self._heard_s = time.monotonic()
+        self._noted = 0  # warm start notes sent
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _on_event(self, ev: BackendEvent) -> None:
@@ -72,11 +79,20 @@ class Agent:
                 self._writer.write(wire.encode(msg))
                 await self._writer.drain()
 
+    def _say_notes(self) -> None:
+        """The warm start's new notes (its zygote imports in the background: each beat
+        looks again)."""
+        notes = self._backend.warm_start_notes
+        for text in notes[self._noted :]:
+            self._outbox.append({"type": "note", "text": text})
+        self._noted = len(notes)
+
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(BEAT_S)
             if time.monotonic() - self._heard_s > MASTER_SILENT_S:
                 raise ConnectionError(f"the master was silent for {MASTER_SILENT_S:.0f} s")
+            self._say_notes()
             self._outbox.append({"type": "beat", "time_s": time.time()})
             self._ready.set()
 
@@ -86,6 +102,7 @@ class Agent:
         if kind == "start":
             launches = [wire.launch_of(d) for d in msg["launches"]]
             await self._backend.start(launches)
+            self._say_notes()
         elif kind == "stop":
             await self._backend.stop(list(msg["replicas"]), float(msg["grace_s"]))
             self._outbox.append({"type": "done", "id": msg["id"], "ok": True})
@@ -155,7 +172,7 @@ async def serve(master: str, job: str, node: str, token: str) -> int:
     if first["type"] == "refuse":
         print(f"trainguard agent: the master refused this agent: {first['why']}", file=sys.stderr)
         return 2
-    why = await Agent(reader, writer).run()
+    why = await Agent(reader, writer, [str(m) for m in first["preload"]]).run()
     print(f"trainguard agent on {node}: ended: {why}", file=sys.stderr)
     return 0
 

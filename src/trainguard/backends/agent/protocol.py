@@ -45,11 +45,12 @@ AGENT_SAYS: Mapping[str, tuple[str, ...]] = {
     "first_output": ("attempt", "replica", "restart", "time_s"),
     "output": ("attempt", "replica", "restart", "segments", "time_s"),
     "exited": ("attempt", "replica", "restart", "pid", "evidence", "time_s"),
+    "note": ("text",),  # what its warm start did, or why a replica starts cold
     "done": ("id",),  # the answer to an order: "ok" (a stop, a signal), "stacks" (stacks)
     "beat": ("time_s",),
 }
 MASTER_SAYS: Mapping[str, tuple[str, ...]] = {
-    "welcome": (),
+    "welcome": ("preload",),  # what the agent's zygote imports
     "refuse": ("why",),
     "start": ("launches",),
     "stop": ("id", "replicas", "grace_s"),
