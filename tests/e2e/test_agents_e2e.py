@@ -73,6 +73,21 @@ class World:
             await asyncio.sleep(0.05)
         return got
 
+    async def sleeping(self, *replicas: str) -> tuple[Any, list[int]]:
+        """An agent on n1 running `replicas` (each asleep once it printed a line), and their
+        pids."""
+        agent = await self.agent("n1")
+        await self.backend.wait_for_agents(1, 30)
+        sleep = "import time; print('up', flush=True); time.sleep(60)"
+        await self.backend.start([self.launch(r, i, sleep) for i, r in enumerate(replicas)])
+        pids = []
+        for r in replicas:
+            await self.until(lambda: self.backend.log_tail(r), 30, f"{r}'s first line")  # noqa: B023
+            pid = self.pid_of(r)
+            assert pid is not None
+            pids.append(pid)
+        return agent, pids
+
     def exit_of(self, replica: str) -> ReplicaExited | None:
         return next(
             (e for e in self.seen if isinstance(e, ReplicaExited) and e.replica == replica), None
@@ -145,11 +160,7 @@ def test_an_agent_forks_its_replicas_from_a_warm_zygote_the_master_asked_for(
 
 def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
     async def scenario(w: World) -> None:
-        await w.agent("n1")
-        await w.backend.wait_for_agents(1, 30)
-        sleep = "import time; print('up', flush=True); time.sleep(60)"
-        await w.backend.start([w.launch("worker-0", 0, sleep), w.launch("worker-1", 1, sleep)])
-        await w.until(lambda: w.backend.log_tail("worker-1"), 30, "worker-1's first line")
+        await w.sleeping("worker-0", "worker-1")
         assert await w.backend.signal("worker-1", signal.SIGKILL)
         killed = await w.until(lambda: w.exit_of("worker-1"), 30, "worker-1's death")
         assert killed.evidence.returncode == -signal.SIGKILL
@@ -208,13 +219,8 @@ def test_a_killed_agent_is_a_lost_node_within_its_heartbeat_bound(tmp_path: Path
     """Its replica sleeps: nothing but the agent's silence says the node is gone."""
 
     async def scenario(w: World) -> None:
-        agent = await w.agent("n1")
-        await w.backend.wait_for_agents(1, 30)
-        sleep = "import time; print('up', flush=True); time.sleep(60)"
-        await w.backend.start([w.launch("worker-0", 0, sleep)])
-        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
-        pid = w.pid_of("worker-0")
-        assert pid is not None and _alive(pid)
+        agent, (pid,) = await w.sleeping("worker-0")
+        assert _alive(pid)
         agent.kill()
         killed = time.monotonic()
         ev = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost")
@@ -232,11 +238,7 @@ def test_a_frozen_agent_is_a_lost_node_by_its_silence(tmp_path: Path) -> None:
     only the missing heartbeats tell; its replica keeps sleeping meanwhile."""
 
     async def scenario(w: World) -> None:
-        agent = await w.agent("n1")
-        await w.backend.wait_for_agents(1, 30)
-        sleep = "import time; print('up', flush=True); time.sleep(60)"
-        await w.backend.start([w.launch("worker-0", 0, sleep)])
-        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
+        agent, _ = await w.sleeping("worker-0")
         agent.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         try:
@@ -253,13 +255,7 @@ def test_a_frozen_agent_is_a_lost_node_by_its_silence(tmp_path: Path) -> None:
 
 def test_a_master_that_goes_away_takes_the_agents_replicas_along(tmp_path: Path) -> None:
     async def scenario(w: World) -> None:
-        agent = await w.agent("n1")
-        await w.backend.wait_for_agents(1, 30)
-        sleep = "import time; print('up', flush=True); time.sleep(60)"
-        await w.backend.start([w.launch("worker-0", 0, sleep)])
-        await w.until(lambda: w.backend.log_tail("worker-0"), 30, "worker-0's first line")
-        pid = w.pid_of("worker-0")
-        assert pid is not None
+        agent, (pid,) = await w.sleeping("worker-0")
         for link in w.backend._links.values():
             link.writer.transport.abort()  # the master's end, gone without a word
         _, err = await asyncio.wait_for(agent.communicate(), 30)
