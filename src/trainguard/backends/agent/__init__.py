@@ -2,4 +2,4 @@
 that runs that machine's replicas (through the local backend: warm forks, logs, exits,
 stacks) and tells the master what happens to them over one connection."""
 
-__all__ = ["protocol"]
+__all__ = ["backend", "node", "protocol"]
