@@ -172,6 +172,23 @@ def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
     _run(tmp_path, scenario)
 
 
+def test_an_order_that_fails_is_answered_and_a_start_that_fails_ends_the_agent(
+    tmp_path: Path,
+) -> None:
+    async def scenario(w: World) -> None:
+        agent, _ = await w.sleeping("worker-0")
+        assert not await w.backend.signal("worker-0", 9999)  # no such signal: answered no
+        assert w.backend._live() == ["n1"] and w.exit_of("worker-0") is None
+        w.backend._links["n1"].say({"type": "start", "launches": [{"replica": "worker-1"}]})
+        lost = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost with its agent")
+        assert lost.evidence.node_lost is not None
+        _, err = await asyncio.wait_for(agent.communicate(), 30)
+        assert "start failed: ProtocolError: a launch without a valid" in err.decode()
+        assert any("start failed" in n for n in w.backend.warm_start_notes)
+
+    _run(tmp_path, scenario)
+
+
 def test_stacks_are_taken_by_the_agent_where_the_replica_runs(tmp_path: Path) -> None:
     async def scenario(w: World) -> None:
         await w.agent("n1")

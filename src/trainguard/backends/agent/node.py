@@ -49,6 +49,7 @@ class Agent:
         self._ready = asyncio.Event()
         self._heard_s = time.monotonic()
         self._noted = 0  # warm start notes sent
+        self._fatal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _on_event(self, ev: BackendEvent) -> None:
@@ -97,7 +98,22 @@ class Agent:
             self._ready.set()
 
     async def _obey(self, msg: dict[str, Any]) -> bool:
-        """One order of the master; False once it says close."""
+        """One order of the master; False once it says close. An order that fails is
+        answered so (its `error`); a start that fails ends the agent, so the master finds
+        its node lost rather than waiting on replicas that will never start."""
+        try:
+            return await self._carry_out(msg)
+        except Exception as exc:
+            why = f"{msg['type']} failed: {type(exc).__name__}: {exc}"
+            if "id" in msg:
+                self._outbox.append({"type": "done", "id": msg["id"], "ok": False, "error": why})
+                self._ready.set()
+                return True
+            if not self._fatal.done():
+                self._fatal.set_exception(RuntimeError(why))
+            return False
+
+    async def _carry_out(self, msg: dict[str, Any]) -> bool:
         kind = msg["type"]
         if kind == "start":
             launches = [wire.launch_of(d) for d in msg["launches"]]
@@ -143,10 +159,15 @@ class Agent:
     async def run(self) -> str:
         """Until the master says close or goes away; what ended it."""
         self._backend.bind(self._on_event)
-        jobs = [asyncio.ensure_future(c) for c in (self._listen(), self._send(), self._beat())]
+        jobs: list[asyncio.Future[None]] = [
+            asyncio.ensure_future(c) for c in (self._listen(), self._send(), self._beat())
+        ]
+        jobs.append(self._fatal)
         try:
             done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
             exc = next(iter(done)).exception()
+            if self._fatal in done and exc is not None:  # told, as the last word
+                self._writer.write(wire.encode({"type": "note", "text": str(exc)}))
             return "the master said close" if exc is None else str(exc)
         finally:
             for job in jobs:
