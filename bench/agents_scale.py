@@ -30,7 +30,13 @@ from pathlib import Path
 
 from trainguard.backends.agent import protocol as wire
 from trainguard.backends.agent.backend import AgentBackend
-from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaStarted
+from trainguard.backends.interface import (
+    BackendEvent,
+    Launch,
+    ReplicaExited,
+    ReplicaOutput,
+    ReplicaStarted,
+)
 
 TOKEN = "bench-token"
 
@@ -112,7 +118,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             if time.monotonic() - w0 > args.seconds + 60:
                 raise TimeoutError("no exit came")
         busy = (time.process_time() - cpu0) / (time.monotonic() - w0)
-        lines = sum(len(ev.segments) for _, ev in seen if hasattr(ev, "segments"))
+        lines = sum(len(ev.segments) for _, ev in seen if isinstance(ev, ReplicaOutput))
         exits = [got - ev.time_s for got, ev in seen if isinstance(ev, ReplicaExited)]
         return {
             "nodes": args.nodes,

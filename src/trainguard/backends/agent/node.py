@@ -55,8 +55,7 @@ class Agent:
     def _on_event(self, ev: BackendEvent) -> None:
         """From the local backend, never blocking: output past the bound is dropped."""
         if isinstance(ev, ReplicaOutput):
-            size = sum(len(s) for s in ev.segments)
-            if self._queued + size > OUTBOX_BYTES:
+            if self._queued + _size(ev.segments) > OUTBOX_BYTES:
                 self._dropped += len(ev.segments)
                 return
             if self._dropped:
@@ -65,7 +64,7 @@ class Agent:
                     ev.attempt, ev.replica, ev.restart, (note, *ev.segments), ev.time_s
                 )
                 self._dropped = 0
-            self._queued += size
+            self._queued += _size(ev.segments)  # what `_send` takes off, note included
         self._outbox.append(wire.event_message(ev))
         self._ready.set()
 
@@ -76,7 +75,7 @@ class Agent:
             while self._outbox:
                 msg = self._outbox.popleft()
                 if msg["type"] == "output":
-                    self._queued -= sum(len(s) for s in msg["segments"])
+                    self._queued -= _size(msg["segments"])
                 self._writer.write(wire.encode(msg))
                 await self._writer.drain()
 
@@ -174,6 +173,10 @@ class Agent:
                 job.cancel()
             await self._backend.close()  # every replica still running is stopped
             self._writer.close()
+
+
+def _size(segments: Sequence[str]) -> int:
+    return sum(len(s) for s in segments)
 
 
 async def serve(master: str, job: str, node: str, token: str) -> int:
