@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -87,19 +88,20 @@ def test_goodput_of_a_real_job(tg: TG, tmp_path: Path) -> None:
     assert g["failures"] == 1
     assert sum(g["badput"].values()) + g["productive_s"] == pytest.approx(g["total_s"])
     assert 0.3 < g["goodput"] < 1.0
-    # checkpoints at every step: the restarted attempt redoes at most the steps the kill
-    # caught in flight (rank 1 may be a step or two ahead of the killed rank 0), never the
-    # ten a resume from scratch would. A step's time is measured in both attempts: the lost
-    # steps are the first attempt's, which a busy machine may have run slower.
+    # checkpoints at every step: the work lost is what the kill caught in flight, never the
+    # ten steps a resume from scratch would redo. It runs from the last checkpoint to the
+    # kill, which the master sends when it reads step 10 in the log: under load that comes
+    # a few steps late (0.31 s lost against 0.05-0.09 s steps in a fresh-clone run), so the
+    # bound is those ten steps, at the median step time of both attempts.
     firsts: dict[tuple[int, int], float] = {}
     for p in sorted(Store(tg.home).progress_of(g["job"]["id"]), key=lambda p: p.at_s):
         firsts.setdefault((p.attempt, p.step), p.at_s)
-    longest_step = max(
+    steps = [
         b - a
         for attempt in (0, 1)
         for a, b in itertools.pairwise(sorted(t for (n, _), t in firsts.items() if n == attempt))
-    )
-    assert g["badput"]["work_lost_s"] <= 3 * longest_step, (g["badput"], firsts)
+    ]
+    assert g["badput"]["work_lost_s"] < 10 * statistics.median(steps), (g["badput"], firsts)
     assert g["advice"]["young_interval_s"] is not None
     text = tg("goodput", "sdk_train").stdout
     assert "productive" in text and "advice: checkpoint every" in text
