@@ -367,6 +367,13 @@ class SlurmCluster:
         self._reap(node)
         return count
 
+    def cut(self, which: int | str) -> None:
+        """The node's cable is pulled: its processes run on, nothing reaches them and no
+        connection closes (`revive` mends it, as a reboot)."""
+        node = self.node(which)
+        node.up = False
+        node.host.cut()
+
     def _reap(self, node: SlurmNode) -> None:
         for proc in node.daemons.values():
             try:

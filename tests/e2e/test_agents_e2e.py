@@ -158,6 +158,35 @@ def test_an_agent_forks_its_replicas_from_a_warm_zygote_the_master_asked_for(
     _run(tmp_path, scenario, preload=("json",))
 
 
+def test_a_spares_agent_warms_its_zygote_before_any_rank_is_placed_there(
+    tmp_path: Path,
+) -> None:
+    """Two agents, ranks placed on n1 only: n2 (a spare) is told to warm for such ranks, so
+    the restart that moves them there after a node loss forks warm; a launch placed on a
+    node with no agent exits at once as lost there."""
+
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.agent("n2")
+        assert await w.backend.wait_for_nodes(["n1", "n2"], 30) == {"n1", "n2"}
+        assert await w.backend.wait_for_nodes(["n1", "n3"], 0.2) == {"n1"}  # n3 has none
+        first = w.launch("worker-0", 0, "print('up', flush=True)")
+        await w.backend.start_on([first], {"worker-0": "n1"})
+        notes = await w.until(
+            lambda: [n for n in w.backend.warm_start_notes if n.startswith("node n2: warm")],
+            30,
+            "n2's warm start note",
+        )
+        assert "json imported once" in notes[0], notes
+        assert not any(isinstance(e, ReplicaStarted) and e.node == "n2" for e in w.seen)
+        moved = w.launch("worker-1", 1, "print('up', flush=True)")
+        await w.backend.start_on([moved], {"worker-1": "n3"})
+        ev = await w.until(lambda: w.exit_of("worker-1"), 5, "worker-1's exit")
+        assert ev.evidence.node_lost == "node n3: it has no agent", ev
+
+    _run(tmp_path, scenario, preload=("json",))
+
+
 def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
     async def scenario(w: World) -> None:
         await w.sleeping("worker-0", "worker-1")
@@ -178,7 +207,7 @@ def test_an_order_that_fails_is_answered_and_a_start_that_fails_ends_the_agent(
     async def scenario(w: World) -> None:
         agent, _ = await w.sleeping("worker-0")
         assert not await w.backend.signal("worker-0", 9999)  # no such signal: answered no
-        assert w.backend._live() == ["n1"] and w.exit_of("worker-0") is None
+        assert w.backend.live() == ["n1"] and w.exit_of("worker-0") is None
         w.backend._links["n1"].say({"type": "start", "launches": [{"replica": "worker-1"}]})
         lost = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost with its agent")
         assert lost.evidence.node_lost is not None
@@ -227,7 +256,7 @@ def test_an_agent_of_another_job_or_token_is_refused_in_one_line(tmp_path: Path)
             assert line.startswith("trainguard agent: the master refused this agent: "), line
             assert why in line and "\n" not in line
         assert len(w.backend.refused) == 2
-        assert w.backend._live() == []
+        assert w.backend.live() == []
 
     _run(tmp_path, scenario)
 

@@ -213,6 +213,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     elif "backend" not in data and os.environ.get("SLURM_JOB_ID") and _many_nodes(data):
         data["backend"] = "slurm"  # inside an allocation, a job of several nodes
     _merged(data, "queue", args, {k: k for k in ("priority", "max_wait_s", "wait_for_capacity")})
+    _merged(data, "slurm", args, {"agents": "agents"})
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
 

@@ -154,7 +154,7 @@ def _master_run(
     master = Master(
         job_id=job_id,
         spec=spec,
-        backend=make_backend(spec, tee, outside.ended),
+        backend=make_backend(spec, tee, outside.ended, job_id),
         recorder=recorder,
         log_dir=log_dir,
         cwd=cwd,
@@ -172,7 +172,10 @@ def _master_run(
 
 
 def make_backend(
-    spec: JobSpec, tee: TextIO | None, on_ended: Callable[[str], None] | None = None
+    spec: JobSpec,
+    tee: TextIO | None,
+    on_ended: Callable[[str], None] | None = None,
+    job_id: str = "",
 ) -> Backend:
     """The spec's backend (local processes, actors on a Ray cluster, or steps of a Slurm
     allocation), as the framework wants it (mpi: behind mpirun). `on_ended`: what Slurm
@@ -187,7 +190,14 @@ def make_backend(
     elif spec.backend == "slurm":
         from trainguard.backends.slurm.backend import SlurmBackend
 
-        backend = SlurmBackend(spec.slurm, tee=tee, replicas=spec.world_size, on_ended=on_ended)
+        backend = SlurmBackend(
+            spec.slurm,
+            tee=tee,
+            replicas=spec.world_size,
+            on_ended=on_ended,
+            job=job_id,
+            preload=spec.preload,
+        )
     else:
         backend = LocalBackend(tee=tee, preload=spec.preload, one_node=True)
     if preset(spec.framework).launcher == "mpi":

@@ -73,6 +73,11 @@ class SlurmOptions(SpecModel):
     srun_args: list[str] = Field(default_factory=list)  # more flags for every step
     # How long a node's slurmd may take to answer a connect before it counts as lost.
     probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
+    # One agent per node forks its ranks (issue 40): a step per node, not per rank; a
+    # node whose agent goes silent for 3 s is lost, whatever its ranks were doing.
+    agents: bool = False
+    # How long a node's agent may take to join (srun's start, the agent's imports).
+    agent_join_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
 
 
 class TorchftOptions(SpecModel):

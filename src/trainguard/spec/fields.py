@@ -198,6 +198,12 @@ FIELDS: tuple[SpecField, ...] = (
         "slurm: nodes of the allocation the job uses, --nproc-per-node replicas each",
     ),
     SpecField(
+        "slurm.agents",
+        ("--node-agents",),
+        "slurm.agents: one agent per node forks its ranks (a step per node, not per rank)",
+        action="switch",
+    ),
+    SpecField(
         "ray.address",
         ("--ray-address",),
         "ray.address: auto, HOST:PORT or ray://HOST:10001",

@@ -8,8 +8,11 @@ replicas were doing: each replica still running there is reported exited with `n
 without waiting for a scheduler to notice. The master never reaches into an agent's
 processes by pid: it sends orders (start, stop, signal) and waits for their answers.
 
-This first step places launches round-robin by rank over the agents in the order they
-joined, and is driven by its tests, not yet by the Slurm or Ray backends."""
+Where each replica runs is its engine's to say (`start_on`: the Slurm backend places by its
+allocation's nodes); `start` alone places round-robin by rank over the agents in the order
+they joined. What the agents send is tee'd to the terminal as it comes (the output the
+agent's budget lets through, `backends.output`), with the `[replica]` prefix of one
+machine."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import itertools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainguard.backends.agent import protocol as wire
 from trainguard.backends.interface import (
@@ -34,9 +37,11 @@ from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.classify.logtail import Tail
 from trainguard.hangs.stack_model import ReplicaStacks
 
-AGENT_SILENT_S = 3.0
-"""An agent silent this long is a lost node (it beats every `node.BEAT_S`, 0.5 s)."""
+AGENT_SILENT_S = 2.5
+"""An agent silent this long is a lost node (it beats every `node.BEAT_S`, 0.5 s: five
+beats missed). Looked at every `WATCH_S`, so a machine that is gone is found within 3 s."""
 BEAT_S = 0.5
+WATCH_S = 0.25
 ANSWER_S = 30.0
 """How long an order (stop, signal) waits for its agent's answer: past it the agent is lost."""
 
@@ -58,11 +63,16 @@ class _Link:
 
 class AgentBackend:
     def __init__(
-        self, job: str, token: str, host: str = "127.0.0.1", preload: Sequence[str] = ()
+        self,
+        job: str,
+        token: str,
+        host: str = "127.0.0.1",
+        preload: Sequence[str] = (),
+        tee: TextIO | None = None,
     ) -> None:
         """`preload`: what each agent's zygote imports (the warm start, as on one machine):
         told in the welcome, so every node runs what the master decided."""
-        self._job, self._token, self._host = job, token, host
+        self.job, self.token, self._host, self._tee = job, token, host, tee
         self._preload = list(preload)
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
@@ -75,12 +85,16 @@ class AgentBackend:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._notes: list[str] = []  # each agent's warm start notes, as they come
+        self._beat_s = 0.0  # when the agents were last told the master is alive
+        self._warmed: set[str] = set()  # nodes told to start or to warm (their zygote planned)
         self.refused: list[str] = []  # why each refused agent was refused, in order
 
     # -------------------------------------------------------------- agents
 
-    async def listen(self) -> tuple[str, int]:
-        """Where agents connect (this host, a free port)."""
+    async def listen(self, host: str | None = None) -> tuple[str, int]:
+        """Where agents connect: `host` (default: the one given at construction), a free
+        port."""
+        self._host = host or self._host
         self._server = await asyncio.start_server(self._accept, self._host, 0, limit=wire.MAX_LINE)
         port = self._server.sockets[0].getsockname()[1]
         self._keep(asyncio.ensure_future(self._watch()))
@@ -90,18 +104,33 @@ class AgentBackend:
         """The nodes of the first `count` agents to join; TimeoutError past `timeout_s`."""
         async with self._joined:
             await asyncio.wait_for(
-                self._joined.wait_for(lambda: len(self._live()) >= count), timeout_s
+                self._joined.wait_for(lambda: len(self.live()) >= count), timeout_s
             )
-        return self._live()[:count]
+        return self.live()[:count]
 
-    def _live(self) -> list[str]:
+    async def wait_for_nodes(self, nodes: Collection[str], timeout_s: float) -> set[str]:
+        """Those of `nodes` whose agent has joined by `timeout_s` (all of them, sooner)."""
+        want = set(nodes)
+        with contextlib.suppress(TimeoutError):
+            async with self._joined:
+                await asyncio.wait_for(
+                    self._joined.wait_for(lambda: want <= set(self.live())), timeout_s
+                )
+        return want & set(self.live())
+
+    def live(self) -> list[str]:
+        """The nodes whose agent is connected, in the order they joined."""
         return [n for n, link in self._links.items() if link.lost is None]
+
+    def current_run(self, replica: str) -> tuple[int, int, int | None] | None:
+        """(attempt, restart, pid) of the replica's run, while it runs."""
+        return self._runs.get(replica)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             msg = wire.decode(await reader.readline(), wire.AGENT_SAYS)
-            why = wire.refusal(msg, self._job, self._token)
-            if why is None and msg["node"] in self._live():
+            why = wire.refusal(msg, self.job, self.token)
+            if why is None and msg["node"] in self.live():
                 why = f"node {msg['node']} has an agent already"
         except wire.ProtocolError as exc:
             why = str(exc)
@@ -148,6 +177,10 @@ class AgentBackend:
             for segment in ev.segments:
                 tail.append(segment)
             self._last_output[ev.replica] = ev.time_s
+            if self._tee is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._tee.write("".join(f"[{ev.replica}]: {s}\n" for s in ev.segments))
+                    self._tee.flush()
         elif isinstance(ev, ReplicaExited):
             if self._where.get(ev.replica) != link.node:
                 return  # reported lost with its node already
@@ -157,10 +190,14 @@ class AgentBackend:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(BEAT_S)
+            await asyncio.sleep(WATCH_S)
             now = time.monotonic()
+            beat = now - self._beat_s >= BEAT_S
+            if beat:
+                self._beat_s = now
             for link in list(self._links.values()):
-                link.say({"type": "beat", "time_s": time.time()})
+                if beat:
+                    link.say({"type": "beat", "time_s": time.time()})
                 if link.lost is None and now - link.heard_s > AGENT_SILENT_S:
                     self._lose(link, f"its agent was silent for {now - link.heard_s:.1f} s")
 
@@ -223,18 +260,29 @@ class AgentBackend:
         return {r: kept.get(r) or f"{self._host}:{free_port(self._host)}" for r in replicas}
 
     async def start(self, launches: Sequence[Launch]) -> None:
-        nodes = self._live()
+        """Round-robin by rank over the connected agents."""
+        nodes = self.live()
+        where = {la.replica: nodes[la.rank % len(nodes)] for la in launches if nodes}
+        await self.start_on(launches, where)
+
+    async def start_on(self, launches: Sequence[Launch], where: Mapping[str, str]) -> None:
+        """Each launch on the agent of its node in `where`; one whose node has no agent (or
+        none given) exits at once as lost there."""
         by_node: dict[str, list[Launch]] = {}
         for launch in launches:
-            if not nodes:
-                ev = ExitEvidence(launch.replica, None, node_lost="no node agent is connected")
+            node = where.get(launch.replica)
+            link = self._links.get(node or "")
+            if node is None or link is None or link.lost is not None:
+                why = f"node {node}: {link.lost if link else 'it has no agent'}" if node else ""
+                ev = ExitEvidence(
+                    launch.replica, None, node_lost=why or "no node agent is connected"
+                )
                 self._emit(
                     ReplicaExited(
                         launch.attempt, launch.replica, launch.restart, None, ev, time.time()
                     )
                 )
                 continue
-            node = nodes[launch.rank % len(nodes)]
             self._where[launch.replica] = node
             self._runs[launch.replica] = (launch.attempt, launch.restart, None)
             self._tails[launch.replica] = Tail()
@@ -243,6 +291,13 @@ class AgentBackend:
             self._links[node].say(
                 {"type": "start", "launches": [wire.launch_message(la) for la in group]}
             )
+        self._warmed.update(by_node)
+        if by_node:  # the nodes with none of them (spares) plan their zygote for such ranks
+            like = [wire.launch_message(la) for la in next(iter(by_node.values()))]
+            for node in self.live():
+                if node not in self._warmed:
+                    self._links[node].say({"type": "warm", "launches": like})
+                    self._warmed.add(node)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
         by_node: dict[str, list[str]] = {}

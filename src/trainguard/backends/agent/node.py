@@ -118,6 +118,9 @@ class Agent:
             launches = [wire.launch_of(d) for d in msg["launches"]]
             await self._backend.start(launches)
             self._say_notes()
+        elif kind == "warm":
+            await self._backend.warm([wire.launch_of(d) for d in msg["launches"]])
+            self._say_notes()
         elif kind == "stop":
             await self._backend.stop(list(msg["replicas"]), float(msg["grace_s"]))
             self._outbox.append({"type": "done", "id": msg["id"], "ok": True})

@@ -53,6 +53,7 @@ MASTER_SAYS: Mapping[str, tuple[str, ...]] = {
     "welcome": ("preload",),  # what the agent's zygote imports
     "refuse": ("why",),
     "start": ("launches",),
+    "warm": ("launches",),  # plan the zygote for such ranks now (a spare: none start yet)
     "stop": ("id", "replicas", "grace_s"),
     "signal": ("id", "replica", "signum"),
     "stacks": ("id", "targets", "timeout_s", "faulthandler_files"),

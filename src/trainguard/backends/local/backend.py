@@ -106,6 +106,18 @@ class LocalBackend:
             launches = self._layout.apply(launches)
         else:
             launches = [without_own(la) for la in launches]
+        await self.warm(launches)
+        launches = await self._warm.with_hosted_store(launches)
+        loop = asyncio.get_running_loop()
+        for launch in launches:
+            if self._warm.why_cold(launch) is None:
+                await self._spawn_forked(loop, launch)
+            else:
+                await self._spawn(loop, launch)
+
+    async def warm(self, launches: Sequence[Launch]) -> None:
+        """The guardian, and the zygote planned for `launches` (once): at the first start,
+        or ahead of any (a spare node's agent, so a restart there forks warm)."""
         if self._guardian is None:
             self._guardian = Guardian()
             self._tracking = Tracking(
@@ -120,13 +132,6 @@ class LocalBackend:
                 self._guardian.sweep_token()
                 self._warm.notes.append(self._tracking.note)
         await self._warm.plan(launches, self._forked_exit, self._zygote_died)
-        launches = await self._warm.with_hosted_store(launches)
-        loop = asyncio.get_running_loop()
-        for launch in launches:
-            if self._warm.why_cold(launch) is None:
-                await self._spawn_forked(loop, launch)
-            else:
-                await self._spawn(loop, launch)
 
     async def _spawn_forked(self, loop: asyncio.AbstractEventLoop, launch: Launch) -> None:
         zygote = self._warm.zygote

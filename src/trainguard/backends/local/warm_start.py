@@ -54,7 +54,9 @@ class WarmStart:
             return
         common = common_env(launches)
         try:
-            self.zygote = await Zygote.start(self._preload, common, distributed=len(launches) > 1)
+            self.zygote = await Zygote.start(
+                self._preload, common, distributed=_distributed(launches)
+            )
         except ZygoteError as exc:
             self.notes.append(f"warm start off: {exc}")
             return
@@ -160,3 +162,9 @@ def torch_endpoint(launch: Launch) -> tuple[str, int] | None:
         return env["MASTER_ADDR"], int(env.get("MASTER_PORT", ""))
     except ValueError:
         return None
+
+
+def _distributed(launches: Sequence[Launch]) -> bool:
+    """Ranks of a job of several: here, or elsewhere (one rank on each of several nodes)."""
+    world = launches[0].env.get("WORLD_SIZE", "1")
+    return len(launches) > 1 or (world.isdigit() and int(world) > 1)

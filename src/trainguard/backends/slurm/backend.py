@@ -19,6 +19,12 @@ Each task runs under `slurm.node_probe`, which reads its node when the program f
 readings come back as marker lines in the log tail, taken out here into the exit's
 evidence (`machine`), with the storage errors of the tail (TRAINGUARD_SLURM_NODE_PROBE=0
 in the master's environment runs the program bare, as before).
+
+With `slurm.agents` (issue 40) the ranks are not steps: one agent step per node
+(`agent_steps`) forks them there (`backends.agent`), and the master talks to the agents:
+output, exits with the node's own evidence, stops, signals and stacks go over their
+connections, and an agent silent for `AGENT_SILENT_S` is a lost node, whatever its ranks
+were doing. Placement, the nodes' health and exclusion stay this module's.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -33,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainguard.backends.agent.backend import AgentBackend
 from trainguard.backends.interface import (
     BackendEvent,
     Launch,
@@ -44,6 +52,7 @@ from trainguard.backends.interface import (
 from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.net import address_towards, port_at
 from trainguard.backends.slurm import cluster, steps
+from trainguard.backends.slurm.agent_steps import AgentSteps
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
 from trainguard.backends.slurm.node_check import check_allocation
 from trainguard.backends.slurm.node_probe import ended_on_its_own, with_readings
@@ -69,15 +78,23 @@ class SlurmBackend:
         env: Mapping[str, str] | None = None,
         replicas: int = 1,
         on_ended: Callable[[str], None] | None = None,
+        job: str = "",
+        preload: Sequence[str] = (),
     ) -> None:
         """`replicas`: how many the job has (the nodes it needs, at tasks_per_node);
         `on_ended`: told once, with why, when Slurm ends the allocation under the job
-        (the master's cancel: under salloc no signal says so)."""
+        (the master's cancel: under salloc no signal says so); `job`: trainguard's job id
+        (the agents say it); `preload`: what the agents' zygotes import."""
         self._end = cluster.AllocationEnd(on_ended or (lambda _why: None))
         self._opts = opts
         self._need = opts.nodes or -(-replicas // opts.tasks_per_node)
         self._env = env
-        self._inner = LocalBackend(tee=tee, preload=())  # the srun processes, here
+        self._inner: LocalBackend | AgentBackend
+        if opts.agents:  # the agents of the nodes run the ranks
+            self._inner = AgentBackend(job or "job", secrets.token_hex(16), "", preload, tee)
+        else:
+            self._inner = LocalBackend(tee=tee, preload=())  # the srun processes, here
+        self._agent_steps: AgentSteps | None = None
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._alloc: Allocation | None = None
         self._nodes: dict[str, Node] = {}
@@ -116,6 +133,8 @@ class SlurmBackend:
                 f"the job needs {self._need} node(s) of {self._opts.tasks_per_node} task(s), "
                 f"and the allocation has {len(self._usable)} usable{self._why_excluded()}"
             )
+        if isinstance(self._inner, AgentBackend):
+            await self._join_agents(self._inner)
         addr = self._nodes[self._usable[0]].addr
         return addr, port_at(addr)
 
@@ -131,6 +150,8 @@ class SlurmBackend:
         running = {r: n for r, n in self._where.items() if r not in {la.replica for la in launches}}
         if running:  # some replicas restart alone: the others keep their nodes
             await self._refresh()
+            if isinstance(self._inner, AgentBackend):
+                await self._join_agents(self._inner)
         kept = {la.replica: self._where[la.replica] for la in launches if la.replica in self._where}
         placed = place(
             [(la.replica, la.rank) for la in launches],
@@ -150,6 +171,16 @@ class SlurmBackend:
         self._launched.update({la.replica: la for la in launches})
         self._where.update(placed)
         layout = layout_env(self._launched, self._where)
+        if isinstance(self._inner, AgentBackend):
+            placed_launches = [
+                replace(la, env={**la.env, **env, **task_env, "SLURMD_NODENAME": placed[r]})
+                for la in launches
+                for r, (env, task_env) in [(la.replica, layout[la.replica])]
+            ]
+            for la in launches:
+                self._job_ids[la.replica] = la.env.get(ENV_JOB_ID, "")
+            await self._inner.start_on(placed_launches, placed)
+            return
         for la in launches:
             self._job_ids[la.replica] = la.env.get(ENV_JOB_ID, "")
             node = placed[la.replica]
@@ -170,15 +201,21 @@ class SlurmBackend:
         """Stopped, and every failed exit whose node was still being probed told: a
         replica that died on its own a moment before the stop is its peers' root cause,
         and the master settles on the exits it has when this returns."""
-        ended = {r: ended_on_its_own(self._inner.log_tail(r)) for r in replicas}
-        self._ended.update({r: code for r, code in ended.items() if code is not None})
-        await self._inner.stop(replicas, grace_s, list(self._ended))
-        await self._cancel_steps(replicas)
+        if isinstance(self._inner, AgentBackend):
+            await self._inner.stop(replicas, grace_s)
+        else:
+            ended = {r: ended_on_its_own(self._inner.log_tail(r)) for r in replicas}
+            self._ended.update({r: code for r, code in ended.items() if code is not None})
+            await self._inner.stop(replicas, grace_s, list(self._ended))
+            await self._cancel_steps(replicas)
         if self._reading:
             await asyncio.wait(list(self._reading))
 
     async def signal(self, replica: str, signum: int) -> bool:
-        """The remote task itself (`scancel --signal` of its step), as a fault would hit it."""
+        """The remote task itself (`scancel --signal` of its step; its agent, with agents),
+        as a fault would hit it."""
+        if isinstance(self._inner, AgentBackend):
+            return await self._inner.signal(replica, signum)
         step = (await self._steps()).get(replica)
         alloc = self._alloc
         if step is None or alloc is None:
@@ -201,7 +238,10 @@ class SlurmBackend:
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
     ) -> list[ReplicaStacks]:
-        """py-spy on each replica's own node, through a step beside its own, all at once."""
+        """py-spy on each replica's own node, through a step beside its own (its node's
+        agent, with agents), all at once."""
+        if isinstance(self._inner, AgentBackend):
+            return await self._inner.dump_stacks(targets, timeout_s, faulthandler_files)
         steps = await self._steps()
         return list(await asyncio.gather(*(self._stacks(t, timeout_s, steps) for t in targets)))
 
@@ -279,7 +319,10 @@ class SlurmBackend:
     async def close(self) -> None:
         live = list(self._where)
         await self._inner.close()
-        await self._cancel_steps(live)
+        if self._agent_steps is not None:
+            await self._agent_steps.close(grace_s=10.0)
+        else:
+            await self._cancel_steps(live)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
@@ -309,6 +352,35 @@ class SlurmBackend:
         if len(spare) >= self._need:  # nodes on probation only where no spare is left
             self._usable = spare
 
+    async def _join_agents(self, agents: AgentBackend) -> None:
+        """An agent on each usable node (its step started once, for the whole job; again on
+        a node that comes back); a node whose agent does not join within
+        `slurm.agent_join_s` is kept out, with what its srun said."""
+        alloc = self._alloc
+        assert alloc is not None
+        if self._agent_steps is None:
+            host = address_towards(self._nodes[self._usable[0]].addr)
+            where, port = await agents.listen(host)
+            self._agent_steps = AgentSteps(
+                alloc.job_id, f"{where}:{port}", agents.job, agents.token, self._opts.srun_args
+            )
+        missing = [n for n in self._usable if n not in agents.live()]
+        if not missing:
+            return
+        await self._agent_steps.start(missing)
+        joined = await agents.wait_for_nodes(missing, self._opts.agent_join_s)
+        for node in missing:
+            if node not in joined:
+                said = self._agent_steps.said(node) or "srun said nothing"
+                wait = self._opts.agent_join_s
+                self._excluded[node] = f"node {node}'s agent did not join in {wait:g} s: {said}"
+        self._usable = [n for n in self._usable if n not in self._excluded]
+        if len(self._usable) < self._need:
+            raise NoCapacity(
+                f"the job needs {self._need} node(s) of {self._opts.tasks_per_node} task(s), "
+                f"and {len(self._usable)} of the allocation have an agent{self._why_excluded()}"
+            )
+
     async def _probe(self, nodes: Sequence[Node]) -> dict[str, Probe]:
         timeout = self._opts.probe_timeout_s
         found = await asyncio.gather(*(cluster.probe(n, timeout) for n in nodes))
@@ -330,6 +402,9 @@ class SlurmBackend:
             return
         if (ev.attempt, ev.replica, ev.restart) in self._lost:
             return  # reported lost already, with its node as the cause
+        if ev.evidence.node_lost is not None:  # its agent went silent: no probe needed
+            self._emit(ev)
+            return
         code = self._ended.pop(ev.replica, None)
         if code is not None and not ev.evidence.stop_requested:
             # Its program had failed when the stop came; the stop's KILL may have ended its
