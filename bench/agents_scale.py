@@ -1,8 +1,8 @@
 """The master's side of the node agents at scale (issue 40): the real `AgentBackend` and
 the real protocol over loopback, against agents that fake their ranks (a test double: one
-process of asyncio clients that speak the wire and answer a start with a started event
-per rank, then print `--lines-per-s` lines a second per rank). It measures, in the
-master's process:
+process of asyncio clients, `FakeAgent`, that speak the wire and answer a start with a
+started event per rank, then print `--lines-per-s` lines a second per rank;
+`agents_master.py` runs them under the real master). It measures, in the master's process:
 
 - join: from the fakes' start to every agent welcomed;
 - fan-out: from `start()` of every launch to every rank's started event received;
@@ -41,52 +41,103 @@ from trainguard.backends.interface import (
 TOKEN = "bench-token"
 
 
-async def _fake_agent(address: str, node: str, lines_per_s: float, seconds: float) -> None:
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port), limit=wire.MAX_LINE)
-    writer.write(wire.encode(wire.hello("bench", node, TOKEN, os.getpid())))
-    wire.decode(await reader.readline(), wire.MASTER_SAYS)  # welcome
-    ranks: list[dict[str, object]] = []
+class FakeAgent:
+    """One node's agent, faked over the real wire: a start is answered with a started event
+    per rank, each running rank prints `lines_per_s` lines a second, a stop is answered
+    with each stopped rank's exit and then `done`, and it beats as a real agent does. What
+    came when is kept (`starts`, `stops`), on this machine's `time.time()`.
 
-    async def speak() -> None:
-        while not ranks:
-            await asyncio.sleep(0.01)
-        step, end = 1.0 / lines_per_s, time.monotonic() + seconds
-        while time.monotonic() < end:
+    `exit_after_s`: its first rank exits (status 1) after printing that long (None: only
+    when told, `exit`). `job`: the job it says hello for."""
+
+    def __init__(
+        self, node: str, lines_per_s: float, exit_after_s: float | None = None, job: str = "bench"
+    ) -> None:
+        self.node, self.lines_per_s, self.exit_after_s = node, lines_per_s, exit_after_s
+        self.job = job
+        self.running: dict[str, dict[str, object]] = {}  # replica -> attempt, replica, restart
+        self.pids: dict[str, int] = {}  # replica -> its fake pid
+        self.starts: list[tuple[int, float, float]] = []  # attempt, order came, all started sent
+        self.stops: list[float] = []  # when each stop order came
+        self._writer: asyncio.StreamWriter | None = None
+
+    def _say(self, msg: dict[str, object]) -> None:
+        assert self._writer is not None
+        self._writer.write(wire.encode(msg))
+
+    def exit(self, replica: str, returncode: int, stop_requested: bool = False) -> float:
+        """`replica` exits with `returncode`; when it was sent."""
+        head = self.running.pop(replica)
+        tail = [f"step {n} loss 0.5 on {replica}" for n in range(3)]
+        evidence = {"replica": replica, "returncode": returncode, "log_tail": tail}
+        evidence["stop_requested"] = stop_requested
+        now = time.time()
+        pid = self.pids[replica]
+        self._say({**head, "type": "exited", "pid": pid, "evidence": evidence, "time_s": now})
+        return now
+
+    async def _speak(self) -> None:
+        step, beat_s, began = 1.0 / self.lines_per_s, 0.0, None
+        while True:
             now = time.time()
-            for d in ranks:
-                line = f"step {int(now * lines_per_s)} loss 0.5 on {d['replica']}"
-                writer.write(
-                    wire.encode({**d, "type": "output", "segments": [line], "time_s": now})
-                )
-            await writer.drain()
+            if now - beat_s >= 0.5:
+                beat_s = now
+                self._say({"type": "beat", "time_s": now})
+            for head in list(self.running.values()):
+                line = f"step {int(now * self.lines_per_s)} loss 0.5 on {head['replica']}"
+                self._say({**head, "type": "output", "segments": [line], "time_s": now})
+            first = next(iter(self.running), None)
+            if first is not None and began is None:
+                began = time.monotonic()
+            printed_s = 0.0 if began is None else time.monotonic() - began
+            after = float("inf") if self.exit_after_s is None else self.exit_after_s
+            if first is not None and printed_s >= after:
+                self.exit(first, 1)
+                self.exit_after_s = None
+            assert self._writer is not None
+            await self._writer.drain()
             await asyncio.sleep(step)
-        first = ranks[0]
-        exited = {"replica": first["replica"], "returncode": 1, "log_tail": ["boom"]}
-        msg = {**first, "type": "exited", "pid": 1, "evidence": exited, "time_s": time.time()}
-        writer.write(wire.encode(msg))
-        await writer.drain()
 
-    speaker = asyncio.ensure_future(speak())
-    while line := await reader.readline():
-        msg = wire.decode(line, wire.MASTER_SAYS)
-        if msg["type"] == "start":
-            for i, la in enumerate(msg["launches"]):
-                head = {"attempt": la["attempt"], "replica": la["replica"], "restart": 0}
-                ranks.append(head)
-                started = {**head, "type": "started", "pid": 100000 + i, "time_s": time.time()}
-                writer.write(wire.encode(started))
-            await writer.drain()
-        elif msg["type"] == "close":
-            break
-    speaker.cancel()
-    writer.close()
+    async def run(self, address: str) -> None:
+        """Join the master at `address` (HOST:PORT), then obey it until it says close."""
+        host, _, port = address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port), limit=wire.MAX_LINE)
+        self._writer = writer
+        self._say(wire.hello(self.job, self.node, TOKEN, os.getpid()))
+        wire.decode(await reader.readline(), wire.MASTER_SAYS)  # welcome
+        speaker = asyncio.ensure_future(self._speak())
+        try:
+            while line := await reader.readline():
+                msg = wire.decode(line, wire.MASTER_SAYS)
+                if msg["type"] == "start":
+                    came = time.time()
+                    for la in msg["launches"]:
+                        head = {k: la[k] for k in ("attempt", "replica", "restart")}
+                        self.running[la["replica"]] = head
+                        pid = self.pids[la["replica"]] = 100000 + int(la["rank"])  # a fake
+                        self._say({**head, "type": "started", "pid": pid, "time_s": time.time()})
+                    await writer.drain()
+                    self.starts.append((int(msg["launches"][0]["attempt"]), came, time.time()))
+                elif msg["type"] == "stop":
+                    self.stops.append(time.time())
+                    for replica in msg["replicas"]:
+                        if replica in self.running:
+                            self.exit(replica, -15, stop_requested=True)
+                    self._say({"type": "done", "id": msg["id"], "ok": True})
+                elif msg["type"] == "signal":
+                    self._say({"type": "done", "id": msg["id"], "ok": False})
+                elif msg["type"] == "stacks":
+                    self._say({"type": "done", "id": msg["id"], "stacks": []})
+                elif msg["type"] == "close":
+                    break
+        finally:
+            speaker.cancel()
+            writer.close()
 
 
 async def _fakes(address: str, nodes: int, lines_per_s: float, seconds: float) -> None:
-    await asyncio.gather(
-        *(_fake_agent(address, f"node-{i:04d}", lines_per_s, seconds) for i in range(nodes))
-    )
+    agents = [FakeAgent(f"node-{i:04d}", lines_per_s, seconds) for i in range(nodes)]
+    await asyncio.gather(*(agent.run(address) for agent in agents))
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, float]:

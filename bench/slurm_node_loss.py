@@ -1,16 +1,20 @@
-"""A Slurm node dies under a 2-node DDP job: trainguard against `srun torchrun --max-restarts`.
+"""A Slurm node dies under a 2-node DDP job: trainguard (a step per rank, and with node agents)
+against `srun torchrun --max-restarts`.
 
 Both run on the same real 3-node Slurm cluster (tests/clusters/slurmcluster.py: slurmctld,
 slurmd and munged on hosts that share nothing), in an allocation of 3 nodes (`salloc -N3
 --no-kill`), the same example (examples/ddp_train.py, checkpoint every 10 steps), and the
-same fault: the machine of rank 1 dies at step 30 (every process of its host killed:
-slurmd, slurmstepd, the rank). Measured from the kill:
+same fault at step 30: the machine of rank 1 dies (`--fault kill`: every process of its
+host killed, slurmd, slurmstepd, the rank: their connections close) or is cut off the
+network (`--fault cut`: its processes run on, no connection closes). Three tools,
+interleaved: `trainguard` (each rank a step), `agents` (`trainguard run --node-agents`: a
+step per node, forking its ranks) and `torchrun`. Measured from the fault:
 
   detected     trainguard: its restart record; torchrun: the first line of the failure in
                the job's output (torchrun's agent, or srun)
   step again   the first training step any rank prints after the kill
 
-    .venv/bin/python bench/slurm_node_loss.py --runs 3
+    .venv/bin/python bench/slurm_node_loss.py --runs 3 --fault cut
 
 Needs root (network namespaces), Debian's slurm-wlm and munge (scripts/system_deps.sh).
 """
@@ -85,8 +89,9 @@ def _args(folder: Path) -> list[str]:
     ]
 
 
-def _trainguard(folder: Path) -> list[str]:
-    run = [TRAINGUARD, "run", "--plain", "--job-name", "bench", "--nodes", "2", "--"]
+def _trainguard(folder: Path, agents: bool) -> list[str]:
+    run = [TRAINGUARD, "run", "--plain", "--job-name", "bench", "--nodes", "2"]
+    run += ["--node-agents", "--"] if agents else ["--"]
     return ["salloc", "-N3", "--no-kill", *run, PY, *_args(folder)]
 
 
@@ -104,11 +109,14 @@ def _torchrun(folder: Path, head: str) -> list[str]:
     return ["salloc", "-N3", "--no-kill", *srun, *_args(folder)]
 
 
-def one(cluster: SlurmCluster, tool: str, wait_s: float) -> dict[str, float | None]:
+def one(cluster: SlurmCluster, tool: str, wait_s: float, fault: str) -> dict[str, float | None]:
     cluster.heal()
     folder = Path(tempfile.mkdtemp(dir=cluster.hosts.shared))
     env = {**cluster.env, "TRAINGUARD_HOME": str(folder / "home"), "PYTHONUNBUFFERED": "1"}
-    argv = _trainguard(folder) if tool == "trainguard" else _torchrun(folder, cluster.hosts[0].ip)
+    if tool == "torchrun":
+        argv = _torchrun(folder, cluster.hosts[0].ip)
+    else:
+        argv = _trainguard(folder, agents=tool == "agents")
     proc = cluster.popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder
     )
@@ -117,7 +125,10 @@ def one(cluster: SlurmCluster, tool: str, wait_s: float) -> dict[str, float | No
     while watch.max_step() < KILL_AT and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     killed = time.time()
-    cluster.kill(1)
+    if fault == "cut":
+        cluster.cut(1)
+    else:
+        cluster.kill(1)
     end = killed + wait_s
     again = None
     while time.time() < end and proc.poll() is None:
@@ -128,7 +139,7 @@ def one(cluster: SlurmCluster, tool: str, wait_s: float) -> dict[str, float | No
             break
         time.sleep(0.1)
     detected = watch.first_after(killed, FAILURE)
-    if tool == "trainguard":
+    if tool != "torchrun":
         detected = _record_s(folder) or detected
     try:
         proc.wait(timeout=60)  # trainguard's job finishes; torchrun's may hang
@@ -165,22 +176,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--wait", type=float, default=90.0, help="seconds to wait for a step again")
+    p.add_argument("--fault", choices=("kill", "cut"), default="kill")
+    p.add_argument("--tools", default="trainguard,agents,torchrun")
     a = p.parse_args()
     require_slurm()
     sweep()
-    results: dict[str, list[dict[str, float | None]]] = {"trainguard": [], "torchrun": []}
+    results: dict[str, list[dict[str, float | None]]] = {t: [] for t in a.tools.split(",")}
     with hosts_on_a_bridge(3) as hosts:
         cluster = SlurmCluster(hosts)
         try:
             cluster.start()
             for i in range(a.runs):
                 for tool in results:  # interleaved
-                    r = one(cluster, tool, a.wait)
+                    r = one(cluster, tool, a.wait, a.fault)
                     results[tool].append(r)
                     print(f"run {i} {tool:<10} {r}", flush=True)
         finally:
             cluster.stop()
-    print(f"\nnode loss at step {KILL_AT} of a 2-node job (3-node allocation), {a.runs} runs:")
+    print(f"\nnode {a.fault} at step {KILL_AT} of a 2-node job (3-node allocation), {a.runs} runs:")
     med: dict[str, float | None] = {}
     for tool, rows in results.items():
         det = [r["detected"] for r in rows if r["detected"] is not None]
@@ -192,11 +205,13 @@ def main() -> None:
             f"  {tool:<10} detected {det_s:>8} (median)   step again {again_s} "
             f"(median; {len(ok)}/{len(rows)} runs trained again)"
         )
-    tg, tr = med["trainguard"], med["torchrun"]
-    if tg is not None and tr is not None:
-        print(f"  ratio trainguard/torchrun (step again): {tg / tr:.3f}")
-    elif tg is not None:
-        print(f"  torchrun did not train again within {a.wait:g} s in any run")
+    tr = med.get("torchrun")
+    for tool in ("trainguard", "agents"):
+        tg = med.get(tool)
+        if tg is not None and tr is not None:
+            print(f"  ratio {tool}/torchrun (step again): {tg / tr:.3f}")
+        elif tg is not None and "torchrun" in med:
+            print(f"  torchrun did not train again within {a.wait:g} s in any run")
 
 
 if __name__ == "__main__":

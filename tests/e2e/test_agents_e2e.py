@@ -208,7 +208,8 @@ def test_an_order_that_fails_is_answered_and_a_start_that_fails_ends_the_agent(
         agent, _ = await w.sleeping("worker-0")
         assert not await w.backend.signal("worker-0", 9999)  # no such signal: answered no
         assert w.backend.live() == ["n1"] and w.exit_of("worker-0") is None
-        w.backend._links["n1"].say({"type": "start", "launches": [{"replica": "worker-1"}]})
+        broken = {"type": "start", "launches": [{"replica": "worker-1"}], "env": {}}
+        w.backend._links["n1"].say(broken)
         lost = await w.until(lambda: w.exit_of("worker-0"), 30, "worker-0 lost with its agent")
         assert lost.evidence.node_lost is not None
         _, err = await asyncio.wait_for(agent.communicate(), 30)
@@ -275,6 +276,22 @@ def test_a_killed_agent_is_a_lost_node_within_its_heartbeat_bound(tmp_path: Path
         assert ev.evidence.node_lost is not None and "n1" in ev.evidence.node_lost
         assert found_s <= agent_backend.AGENT_SILENT_S + 5  # its bound, with a busy machine's slack
         await w.until(lambda: not _alive(pid), 15, "the replica gone with its agent")
+
+    _run(tmp_path, scenario)
+
+
+def test_a_whole_machine_stalled_for_4_s_loses_no_node(tmp_path: Path) -> None:
+    """Master and agent both stalled past the silence bound (a paused VM, a machine out of
+    CPU): the time the master was not looking counts against no agent."""
+
+    async def scenario(w: World) -> None:
+        agent, (pid,) = await w.sleeping("worker-0")
+        agent.send_signal(signal.SIGSTOP)
+        time.sleep(4.0)  # the master's whole loop, blocked meanwhile
+        agent.send_signal(signal.SIGCONT)
+        await asyncio.sleep(1.5)  # the watch looks again, the agent beats again
+        assert w.backend.live() == ["n1"], w.seen
+        assert w.exit_of("worker-0") is None and _alive(pid)
 
     _run(tmp_path, scenario)
 

@@ -31,6 +31,7 @@ class FlakyStore(Store):
     """A real store whose writes fail (as a locked database does) while `locked` is set."""
 
     locked = False
+    batches = 0  # update_rows calls that went through
 
     def _check(self) -> None:
         if self.locked:
@@ -47,6 +48,11 @@ class FlakyStore(Store):
     def update_row(self, table: object, row_id: int, **values: object) -> None:
         self._check()
         super().update_row(table, row_id, **values)  # type: ignore[arg-type]
+
+    def update_rows(self, table: object, rows: object) -> None:
+        self._check()
+        self.batches += 1
+        super().update_rows(table, rows)  # type: ignore[arg-type]
 
 
 def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
@@ -77,6 +83,51 @@ def test_held_writes_keep_their_order_and_their_ids(tmp_path: Path) -> None:
     assert store.runs_of("job-1", attempt=0)[0].state == "SUCCEEDED"
     assert store.job("job-1").attempts == 1
     assert "every held write is recorded" in said[-1]
+
+
+def test_runs_ended_together_are_one_write_and_held_alike_while_the_store_is_locked(
+    tmp_path: Path,
+) -> None:
+    """A stop's exits (`Recorder.ending`): one transaction for all, and with the store
+    locked at its end, held and recorded once it takes writes again; nothing lost."""
+    from trainguard.classify.classes import ExitEvidence
+    from trainguard.classify.exits import classify_exit
+    from trainguard.states import ReplicaState
+
+    store = FlakyStore(tmp_path / "home")
+    rec = Recorder(store, "job-1")
+    rec.say = lambda _text: None
+    spec = validate_spec({"name": "t", "worker_pools": [{"command": ["x"], "replicas": 4}]})
+    rec.job_created(name="t", spec=spec, log_dir=tmp_path, at_s=0.0, master={})
+    ids = [
+        rec.run_started(
+            attempt=0,
+            replica=f"worker-{i}",
+            rank=i,
+            restart=0,
+            pid=i + 1,
+            log_path=tmp_path,
+            at_s=1.0,
+        )
+        for i in range(4)
+    ]
+    stopped = classify_exit(ExitEvidence("worker-0", -15, stop_requested=True))
+    with rec.ending():
+        for run_id in ids[:2]:
+            rec.run_ended(run_id, 2.0, stopped, ReplicaState.STOPPED, ("last line",))
+        assert [r.state for r in store.runs_of("job-1")][:2] == ["RUNNING", "RUNNING"]
+    assert store.batches == 1
+    runs = store.runs_of("job-1")
+    assert [r.state for r in runs] == ["STOPPED", "STOPPED", "RUNNING", "RUNNING"]
+    assert runs[0].tail == "last line" and runs[1].ended_at_s == 2.0
+    store.locked = True
+    with rec.ending():
+        for run_id in ids[2:]:
+            rec.run_ended(run_id, 3.0, stopped, ReplicaState.STOPPED)
+    assert rec.held == 1 and store.runs_of("job-1")[3].state == "RUNNING"
+    store.locked = False
+    assert rec.flush(force=True)
+    assert [r.state for r in store.runs_of("job-1")] == ["STOPPED"] * 4
 
 
 def test_a_permanent_store_error_is_not_held(tmp_path: Path) -> None:

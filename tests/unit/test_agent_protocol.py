@@ -3,6 +3,7 @@ whom the master refuses, and events that arrive as the local backend emitted the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_a_broken_message_is_named(line: bytes, says: str) -> None:
 
 
 def test_each_side_reads_only_its_peers_words() -> None:
-    start = wire.encode({"type": "start", "launches": []})
+    start = wire.encode({"type": "start", "launches": [], "env": {}})
     assert wire.decode(start, wire.MASTER_SAYS)["type"] == "start"
     with pytest.raises(wire.ProtocolError, match="unknown message type 'start'"):
         wire.decode(start, wire.AGENT_SAYS)
@@ -51,8 +52,8 @@ HELLO = wire.hello("job-1", "n1", "secret", 42)
     ("change", "why"),
     [
         ({}, None),
-        ({"version": "0.0.1"}, "agent of trainguard 0.0.1 (protocol 1); this master is"),
-        ({"protocol": 2}, "(protocol 2); this master is trainguard"),
+        ({"version": "0.0.1"}, f"agent of trainguard 0.0.1 (protocol {wire.VERSION}); this"),
+        ({"protocol": 1}, "(protocol 1); this master is trainguard"),
         ({"job": "job-2"}, "agent for job 'job-2'; this master runs job 'job-1'"),
         ({"token": "guess"}, "wrong token for this job"),
         ({"token": 7}, "wrong token for this job"),
@@ -70,11 +71,19 @@ def test_hello_says_this_version() -> None:
     assert (HELLO["protocol"], HELLO["version"]) == (wire.VERSION, __version__)
 
 
-def test_a_launch_travels_whole(tmp_path: Path) -> None:
-    launch = Launch(2, "worker-1", 1, 3, ("python", "t.py"), {"A": "b"}, "/w", tmp_path / "l", 7)
-    line = wire.encode({"type": "start", "launches": [wire.launch_message(launch)]})
-    (back,) = wire.decode(line, wire.MASTER_SAYS)["launches"]
-    assert wire.launch_of(back) == launch
+def test_launches_travel_whole_with_their_shared_environment_said_once(tmp_path: Path) -> None:
+    one = Launch(2, "worker-1", 1, 3, ("python", "t.py"), {"A": "b", "RANK": "1"}, "/w", tmp_path)
+    two = Launch(2, "worker-2", 2, 0, ("python", "t.py"), {"A": "b", "RANK": "2"}, "/w", tmp_path)
+    line = wire.encode({"type": "start", **wire.launches_message([one, two])})
+    msg = wire.decode(line, wire.MASTER_SAYS)
+    assert msg["env"] == {"A": "b"} and [d["env"] for d in msg["launches"]] == [
+        {"RANK": "1"},
+        {"RANK": "2"},
+    ]
+    assert wire.launches_of(msg) == [one, two]
+    alone = wire.launches_message([replace(one, memory_bytes=7)])
+    assert wire.launches_of(alone) == [replace(one, memory_bytes=7)]
+    (back,) = alone["launches"]
     with pytest.raises(wire.ProtocolError, match="a launch without a valid 'argv'"):
         wire.launch_of({k: v for k, v in back.items() if k != "argv"})
 

@@ -140,13 +140,14 @@ class MasterActions:
 
     async def settle(self, only: Collection[str] | None = None) -> None:
         keep: list[MasterEvent] = []
-        while not self.queue.empty():
-            ev = self.queue.get_nowait()
-            if isinstance(ev, ReplicaExited) and (only is None or ev.replica in only):
-                assert self.settled is not None  # wired by the master
-                await self.settled(ev)
-            else:
-                keep.append(ev)
+        with self.rec.ending():  # a stop's exits, recorded in one transaction
+            while not self.queue.empty():
+                ev = self.queue.get_nowait()
+                if isinstance(ev, ReplicaExited) and (only is None or ev.replica in only):
+                    assert self.settled is not None  # wired by the master
+                    await self.settled(ev)
+                else:
+                    keep.append(ev)
         for ev in keep:
             self.queue.put_nowait(ev)
 

@@ -29,6 +29,7 @@ class LaunchBuilder:
     max_restarts: int | str
     spec: JobSpec | None = None
     roster: Roster | None = field(default=None, init=False)
+    _environ_of: tuple[int, dict[str, str]] | None = field(default=None, init=False)
 
     def use_tasks(self, tasks: Mapping[str, str]) -> None:
         """The replicas' own addresses for this attempt (the backend's; the same as the
@@ -72,7 +73,7 @@ class LaunchBuilder:
             **channel,
             ENV_FAULTHANDLER_FILE: str(log_path.with_suffix(".stacks.txt")),
         }
-        env = {**os.environ, **replica_env(self.preset, ctx, sdk_env)}
+        env = {**self._environ(attempt), **replica_env(self.preset, ctx, sdk_env)}
         if devices is not None and DEVICES not in dict(plan.env):  # the pool's own wins
             env[DEVICES] = env[OWN_DEVICES] = devices  # a backend may lay DEVICES out
         if plan.role in self.preset.services:
@@ -88,6 +89,13 @@ class LaunchBuilder:
             log_path=log_path,
             memory_bytes=self._memory_bytes(plan.role),
         )
+
+    def _environ(self, attempt: int) -> dict[str, str]:
+        """The master's environment, read once an attempt (not once a replica: os.environ
+        decodes every variable each time it is read whole)."""
+        if self._environ_of is None or self._environ_of[0] != attempt:
+            self._environ_of = (attempt, dict(os.environ))
+        return self._environ_of[1]
 
     def _memory_bytes(self, role: str) -> int | None:
         """The `resources.memory` of the pool of `role`, in bytes (None: none set)."""

@@ -81,9 +81,16 @@ class MasterState:
         return [m for m in members if not self.is_service(m)]
 
     def peers_finished(self, replica: str) -> bool:
-        """Every other replica of the attempt exited 0 (there is at least one)."""
-        peers = [r for n, r in self.replicas.items() if n != replica and not self.is_service(n)]
-        return bool(peers) and all(r.state is ReplicaState.SUCCEEDED for r in peers)
+        """Every other replica of the attempt exited 0 (there is at least one). It stops at
+        the first that did not: asked for each exit of a stop of every replica."""
+        seen = False
+        for name, rep in self.replicas.items():
+            if name == replica or self.is_service(name):
+                continue
+            if rep.state is not ReplicaState.SUCCEEDED:
+                return False
+            seen = True
+        return seen
 
     def all_done(self, roles: RolePolicy) -> bool:
         """Every replica succeeded, or was given up; or, in a job of replica groups, every

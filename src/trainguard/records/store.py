@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Table,
+    bindparam,
     delete,
     func,
     insert,
@@ -140,6 +141,19 @@ class Store:
     def update_row(self, table: Table, row_id: int, **values: Any) -> None:
         with self._tx() as conn:
             conn.execute(update(table).where(table.c.id == row_id).values(**values))
+
+    def update_rows(self, table: Table, rows: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        """Many rows' updates in one transaction, one statement per set of columns (the
+        runs a stop of a thousand replicas ends: a transaction each cost 0.5 ms)."""
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for row_id, values in rows:
+            params = {"row_id_": row_id, **{f"{k}_": v for k, v in values.items()}}
+            groups.setdefault(tuple(sorted(values)), []).append(params)
+        with self._tx() as conn:
+            for keys, params_list in groups.items():
+                where = table.c.id == bindparam("row_id_")
+                stmt = update(table).where(where).values({k: bindparam(f"{k}_") for k in keys})
+                conn.execute(stmt, params_list)
 
     def end_attempt(self, job_id: str, number: int, **values: Any) -> None:
         with self._tx() as conn:

@@ -81,6 +81,7 @@ class AgentBackend:
         self._runs: dict[str, tuple[int, int, int | None]] = {}  # replica -> attempt, restart, pid
         self._tails: dict[str, Tail] = {}
         self._last_output: dict[str, float] = {}
+        self._newest_output_s = 0.0
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -173,10 +174,11 @@ class AgentBackend:
         if isinstance(ev, ReplicaStarted):
             self._runs[ev.replica] = (ev.attempt, ev.restart, ev.pid)
         elif isinstance(ev, ReplicaOutput):
-            tail = self._tails.setdefault(ev.replica, Tail())
+            tail = self._tails.get(ev.replica) or self._tails.setdefault(ev.replica, Tail())
             for segment in ev.segments:
                 tail.append(segment)
             self._last_output[ev.replica] = ev.time_s
+            self._newest_output_s = max(self._newest_output_s, ev.time_s)
             if self._tee is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._tee.write("".join(f"[{ev.replica}]: {s}\n" for s in ev.segments))
@@ -189,9 +191,19 @@ class AgentBackend:
         self._emit(ev)
 
     async def _watch(self) -> None:
+        """Beats out, and silence judged. A stall of this loop (the master busy or starved
+        of CPU) is forgiven: the agents' beats wait unread in the sockets meanwhile, so the
+        time this loop was not looking counts against no agent."""
+        looked_s = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_S)
             now = time.monotonic()
+            stalled = now - looked_s - WATCH_S
+            looked_s = now
+            if stalled > BEAT_S:
+                for link in self._links.values():
+                    link.heard_s += stalled
+                continue
             beat = now - self._beat_s >= BEAT_S
             if beat:
                 self._beat_s = now
@@ -288,15 +300,13 @@ class AgentBackend:
             self._tails[launch.replica] = Tail()
             by_node.setdefault(node, []).append(launch)
         for node, group in by_node.items():
-            self._links[node].say(
-                {"type": "start", "launches": [wire.launch_message(la) for la in group]}
-            )
+            self._links[node].say({"type": "start", **wire.launches_message(group)})
         self._warmed.update(by_node)
         if by_node:  # the nodes with none of them (spares) plan their zygote for such ranks
-            like = [wire.launch_message(la) for la in next(iter(by_node.values()))]
+            like = wire.launches_message(next(iter(by_node.values())))
             for node in self.live():
                 if node not in self._warmed:
-                    self._links[node].say({"type": "warm", "launches": like})
+                    self._links[node].say({"type": "warm", **like})
                     self._warmed.add(node)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
@@ -318,12 +328,10 @@ class AgentBackend:
         return answer is not None and bool(answer.get("ok"))
 
     def last_output_s(self, replicas: Collection[str] | None = None) -> float:
-        chosen = (
-            self._last_output
-            if replicas is None
-            else {r: t for r, t in self._last_output.items() if r in replicas}
-        )
-        return max(chosen.values(), default=0.0)
+        if replicas is None:
+            return self._newest_output_s
+        last = self._last_output
+        return max((last.get(r, 0.0) for r in replicas), default=0.0)
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
         tail = self._tails.get(replica)

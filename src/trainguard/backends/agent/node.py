@@ -88,9 +88,16 @@ class Agent:
         self._noted = len(notes)
 
     async def _beat(self) -> None:
+        """A stall of this loop counts against no master (its beats wait unread)."""
+        looked_s = time.monotonic()
         while True:
             await asyncio.sleep(BEAT_S)
-            if time.monotonic() - self._heard_s > MASTER_SILENT_S:
+            now = time.monotonic()
+            stalled = now - looked_s - BEAT_S
+            looked_s = now
+            if stalled > BEAT_S:
+                self._heard_s += stalled
+            elif now - self._heard_s > MASTER_SILENT_S:
                 raise ConnectionError(f"the master was silent for {MASTER_SILENT_S:.0f} s")
             self._say_notes()
             self._outbox.append({"type": "beat", "time_s": time.time()})
@@ -115,11 +122,11 @@ class Agent:
     async def _carry_out(self, msg: dict[str, Any]) -> bool:
         kind = msg["type"]
         if kind == "start":
-            launches = [wire.launch_of(d) for d in msg["launches"]]
+            launches = wire.launches_of(msg)
             await self._backend.start(launches)
             self._say_notes()
         elif kind == "warm":
-            await self._backend.warm([wire.launch_of(d) for d in msg["launches"]])
+            await self._backend.warm(wire.launches_of(msg))
             self._say_notes()
         elif kind == "stop":
             await self._backend.stop(list(msg["replicas"]), float(msg["grace_s"]))
