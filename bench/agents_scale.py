@@ -83,9 +83,18 @@ class FakeAgent:
             if now - beat_s >= 0.5:
                 beat_s = now
                 self._say({"type": "beat", "time_s": now})
-            for head in list(self.running.values()):
-                line = f"step {int(now * self.lines_per_s)} loss 0.5 on {head['replica']}"
-                self._say({**head, "type": "output", "segments": [line], "time_s": now})
+            items = [  # a tick's lines in one message, as the agent batches them
+                [
+                    h["attempt"],
+                    h["replica"],
+                    h["restart"],
+                    [f"step {int(now * self.lines_per_s)} loss 0.5 on {h['replica']}"],
+                    now,
+                ]
+                for h in list(self.running.values())
+            ]
+            if items:
+                self._say({"type": "output", "items": items})
             first = next(iter(self.running), None)
             if first is not None and began is None:
                 began = time.monotonic()

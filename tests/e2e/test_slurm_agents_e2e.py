@@ -267,4 +267,5 @@ def test_scancel_leaves_nothing_on_any_host(slurm: SlurmCluster, shared: Path) -
     wait_for(training, 120, "the job training on 2 nodes")
     assert slurm.run(["scancel", submit.stdout.strip()]).returncode == 0
     wait_for(lambda: not slurm.processes(), 60, "every step of the job ended")
-    assert tg.json("status", "long")["state"] == "CANCELLED"
+    status = tg.json("status", "long")
+    assert status["state"] == "CANCELLED", (status, (shared / "out.txt").read_text()[-3000:])

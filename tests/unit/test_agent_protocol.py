@@ -127,3 +127,16 @@ def test_an_event_with_a_bad_field_is_named() -> None:
     msg = {**wire.event_message(EVENTS[0]), "pid": "many"}
     with pytest.raises(wire.ProtocolError, match="'started' message with a bad field"):
         wire.event_of(msg, "n1")
+
+
+def test_a_batch_of_output_arrives_as_one_event_per_replica_run() -> None:
+    outs = [
+        ReplicaOutput(1, "worker-0", 0, ("step 1",), 11.5),
+        ReplicaOutput(1, "worker-1", 2, ("step 1", "step 2"), 11.6),
+    ]
+    msg = wire.decode(wire.encode(wire.output_message(outs)), wire.AGENT_SAYS)
+    assert wire.outputs_of(msg) == outs
+    with pytest.raises(wire.ProtocolError, match="an output message of 2 items is no one"):
+        wire.event_of(msg, "n1")
+    with pytest.raises(wire.ProtocolError, match="'output' message with a bad item"):
+        wire.outputs_of({"type": "output", "items": [[1, "worker-0", 0, ["x"]]]})

@@ -170,24 +170,29 @@ class AgentBackend:
             if waiting is not None and not waiting.done():
                 waiting.set_result(msg)
             return
+        if kind == "output":
+            for out in wire.outputs_of(msg):
+                self._on_output(out)
+            return
         ev = wire.event_of(msg, link.node)
         if isinstance(ev, ReplicaStarted):
             self._runs[ev.replica] = (ev.attempt, ev.restart, ev.pid)
-        elif isinstance(ev, ReplicaOutput):
-            tail = self._tails.get(ev.replica) or self._tails.setdefault(ev.replica, Tail())
-            for segment in ev.segments:
-                tail.append(segment)
-            self._last_output[ev.replica] = ev.time_s
-            self._newest_output_s = max(self._newest_output_s, ev.time_s)
-            if self._tee is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    self._tee.write("".join(f"[{ev.replica}]: {s}\n" for s in ev.segments))
-                    self._tee.flush()
         elif isinstance(ev, ReplicaExited):
             if self._where.get(ev.replica) != link.node:
                 return  # reported lost with its node already
             self._where.pop(ev.replica, None)
             self._runs.pop(ev.replica, None)
+        self._emit(ev)
+
+    def _on_output(self, ev: ReplicaOutput) -> None:
+        tail = self._tails.get(ev.replica) or self._tails.setdefault(ev.replica, Tail())
+        for segment in ev.segments:
+            tail.append(segment)
+        self._last_output[ev.replica] = ev.time_s
+        self._newest_output_s = max(self._newest_output_s, ev.time_s)
+        if self._tee is not None:  # flushed by the watch, a few times a second
+            with contextlib.suppress(OSError, ValueError):
+                self._tee.write("".join(f"[{ev.replica}]: {s}\n" for s in ev.segments))
         self._emit(ev)
 
     async def _watch(self) -> None:
@@ -207,6 +212,9 @@ class AgentBackend:
             beat = now - self._beat_s >= BEAT_S
             if beat:
                 self._beat_s = now
+            if self._tee is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._tee.flush()
             for link in list(self._links.values()):
                 if beat:
                     link.say({"type": "beat", "time_s": time.time()})

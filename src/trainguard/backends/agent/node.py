@@ -32,6 +32,9 @@ MASTER_SILENT_S = 5.0
 OUTBOX_BYTES = 8 << 20
 """Output waiting for a slow master, past which new output is dropped (and counted)."""
 STOP_GRACE_S = 5.0
+OUTPUT_BATCH_S = 0.05
+"""Output that comes within this long goes in one message (a line per message cost the
+master a read, a JSON decode and a wake-up each)."""
 
 
 class Agent:
@@ -44,7 +47,8 @@ class Agent:
         self._reader, self._writer = reader, writer
         self._backend = LocalBackend(preload=preload)
         self._outbox: collections.deque[dict[str, Any]] = collections.deque()
-        self._queued = 0  # bytes of output in the outbox
+        self._queued = 0  # bytes of output in the outbox and the batch
+        self._batch: list[ReplicaOutput] = []  # output not yet in the outbox
         self._dropped = 0  # output segments dropped since the last that went
         self._ready = asyncio.Event()
         self._heard_s = time.monotonic()
@@ -65,8 +69,19 @@ class Agent:
                 )
                 self._dropped = 0
             self._queued += _size(ev.segments)  # what `_send` takes off, note included
+            self._batch.append(ev)
+            if len(self._batch) == 1:
+                asyncio.get_running_loop().call_later(OUTPUT_BATCH_S, self._flush_batch)
+            return
+        self._flush_batch()  # a replica's output goes before its exit
         self._outbox.append(wire.event_message(ev))
         self._ready.set()
+
+    def _flush_batch(self) -> None:
+        if self._batch:
+            self._outbox.append(wire.output_message(self._batch))
+            self._batch = []
+            self._ready.set()
 
     async def _send(self) -> None:
         while True:
@@ -75,7 +90,7 @@ class Agent:
             while self._outbox:
                 msg = self._outbox.popleft()
                 if msg["type"] == "output":
-                    self._queued -= _size(msg["segments"])
+                    self._queued -= sum(_size(item[3]) for item in msg["items"])
                 self._writer.write(wire.encode(msg))
                 await self._writer.drain()
 

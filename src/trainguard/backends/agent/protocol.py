@@ -43,7 +43,7 @@ AGENT_SAYS: Mapping[str, tuple[str, ...]] = {
     "hello": ("protocol", "version", "job", "node", "token", "pid"),
     "started": ("attempt", "replica", "restart", "pid", "time_s"),
     "first_output": ("attempt", "replica", "restart", "time_s"),
-    "output": ("attempt", "replica", "restart", "segments", "time_s"),
+    "output": ("items",),  # [attempt, replica, restart, segments, time_s] of each, batched
     "exited": ("attempt", "replica", "restart", "pid", "evidence", "time_s"),
     "note": ("text",),  # what its warm start did, or why a replica starts cold
     "done": ("id",),  # the answer to an order: "ok" (a stop, a signal), "stacks" (stacks)
@@ -172,25 +172,45 @@ def event_message(ev: BackendEvent) -> dict[str, Any]:
     elif isinstance(ev, ReplicaFirstOutput):
         d["type"] = "first_output"
     elif isinstance(ev, ReplicaOutput):
-        d["type"], d["segments"] = "output", list(ev.segments)
+        return output_message([ev])
     else:
         d["type"] = "exited"
         d["evidence"]["machine"] = to_json(ev.evidence.machine)  # as a failure record holds it
     return d
 
 
-def event_of(msg: Mapping[str, Any], node: str) -> BackendEvent:
-    """The backend event an agent on `node` sent (its replicas' starts run there)."""
-    kind = msg["type"]
-    head = (int(msg["attempt"]), str(msg["replica"]), int(msg["restart"]))
+def output_message(outputs: Sequence[ReplicaOutput]) -> dict[str, Any]:
+    """The output of any of a node's replicas in one message: the agent batches what comes
+    within `node.OUTPUT_BATCH_S`, so the master reads a message per batch, not per line."""
+    items = [[o.attempt, o.replica, o.restart, list(o.segments), o.time_s] for o in outputs]
+    return {"type": "output", "items": items}
+
+
+def outputs_of(msg: Mapping[str, Any]) -> list[ReplicaOutput]:
     try:
+        return [
+            ReplicaOutput(int(a), str(r), int(k), tuple(str(s) for s in segs), float(t))
+            for a, r, k, segs, t in msg["items"]
+        ]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"'output' message with a bad item: {exc}") from None
+
+
+def event_of(msg: Mapping[str, Any], node: str) -> BackendEvent:
+    """The backend event an agent on `node` sent (its replicas' starts run there); an
+    output message of one item is that output."""
+    kind = msg["type"]
+    if kind == "output":
+        outputs = outputs_of(msg)
+        if len(outputs) != 1:
+            raise ProtocolError(f"an output message of {len(outputs)} items is no one event")
+        return outputs[0]
+    try:
+        head = (int(msg["attempt"]), str(msg["replica"]), int(msg["restart"]))
         if kind == "started":
             return ReplicaStarted(*head, int(msg["pid"]), float(msg["time_s"]), node)
         if kind == "first_output":
             return ReplicaFirstOutput(*head, float(msg["time_s"]))
-        if kind == "output":
-            segments = tuple(str(s) for s in msg["segments"])
-            return ReplicaOutput(*head, segments, float(msg["time_s"]))
         if kind == "exited":
             pid = None if msg["pid"] is None else int(msg["pid"])
             return ReplicaExited(*head, pid, _evidence(msg["evidence"]), float(msg["time_s"]))

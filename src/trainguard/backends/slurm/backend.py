@@ -402,8 +402,8 @@ class SlurmBackend:
             return
         if (ev.attempt, ev.replica, ev.restart) in self._lost:
             return  # reported lost already, with its node as the cause
-        if ev.evidence.node_lost is not None:  # its agent went silent: no probe needed
-            self._emit(ev)
+        if ev.evidence.node_lost is not None:  # its agent is gone: no probe needed
+            self._keep(asyncio.ensure_future(self._agent_lost(ev)), self._reading)
             return
         code = self._ended.pop(ev.replica, None)
         if code is not None and not ev.evidence.stop_requested:
@@ -422,6 +422,14 @@ class SlurmBackend:
             self._emit(ev)
             return
         self._keep(asyncio.ensure_future(self._failed(ev)), self._reading)
+
+    async def _agent_lost(self, ev: ReplicaExited) -> None:
+        """A node's agent is gone: Slurm ending the allocation (scancel kills the agents'
+        steps as it signals the master) is told first, as for a failure."""
+        alloc = self._alloc
+        if alloc is not None:
+            await self._end.ended(alloc.job_id)
+        self._emit(ev)
 
     async def _failed(self, ev: ReplicaExited) -> None:
         """A replica failed: first, whether the allocation itself ended (scancel of an
