@@ -68,7 +68,7 @@ class FakeAgent:
     def exit(self, replica: str, returncode: int, stop_requested: bool = False) -> float:
         """`replica` exits with `returncode`; when it was sent."""
         head = self.running.pop(replica)
-        tail = [f"step {n} loss 0.5 on {replica}" for n in range(3)]
+        tail = [f"step {n} loss 0.5 on {replica}" for n in range(200)]  # a full tail
         evidence = {"replica": replica, "returncode": returncode, "log_tail": tail}
         evidence["stop_requested"] = stop_requested
         now = time.time()

@@ -86,7 +86,10 @@ def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
     The block is the `KeyError: 'x'` line and the lines of its message that follow it,
     up to the next blank line or the end (an exception message may span lines).
     """
-    cleaned = [clean(x) for x in lines]
+    raw = list(lines)
+    if not any(_HEADER in x or 'File "' in x for x in raw):
+        return None  # no traceback starts anywhere (most tails: a stop reads 1,024 of them)
+    cleaned = [clean(x) for x in raw]
     start: int | None = None
     found: int | None = None
     before: tuple[int, int] | None = None  # the last traceback found, if frames follow it
