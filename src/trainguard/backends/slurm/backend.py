@@ -30,10 +30,8 @@ were doing. Placement, the nodes' health and exclusion stay this module's.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
@@ -242,40 +240,19 @@ class SlurmBackend:
         agent, with agents), all at once."""
         if isinstance(self._inner, AgentBackend):
             return await self._inner.dump_stacks(targets, timeout_s, faulthandler_files)
-        steps = await self._steps()
-        return list(await asyncio.gather(*(self._stacks(t, timeout_s, steps) for t in targets)))
+        running = await self._steps()
+        alloc = self._alloc
 
-    async def _stacks(
-        self, target: tuple[str, int, int], timeout_s: float, steps: Mapping[str, str]
-    ) -> ReplicaStacks:
-        name, rank, pid = target
-        node, alloc = self._where.get(name), self._alloc
-        job_id = self._job_id_of(name)
-        if node is None or alloc is None or job_id is None:
-            return ReplicaStacks(name, rank, pid, "none", False, "not placed", 0.0, ())
-        argv = [
-            "srun",
-            f"--jobid={alloc.job_id}",
-            "--overlap",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={node}",
-            f"--job-name=stacks-{name}",
-            sys.executable,
-            "-m",
-            "trainguard.backends.slurm.step_stacks",
-            job_id,
-            name,
-            str(rank),
-            f"{timeout_s:g}",
-            *((alloc.job_id, steps[name]) if name in steps else ()),
-        ]
-        try:
-            out = await cluster.run_slurm(argv, timeout_s=timeout_s + 15)
-            return ReplicaStacks.from_dict(json.loads(out.strip().splitlines()[-1]))
-        except (SlurmError, ValueError, KeyError, IndexError) as exc:
-            why = f"stacks on {node} through srun failed: {exc}"
-            return ReplicaStacks(name, rank, pid, "none", False, why, 0.0, ())
+        async def one(name: str, rank: int, pid: int) -> ReplicaStacks:
+            node, job_id = self._where.get(name), self._job_id_of(name)
+            if node is None or alloc is None or job_id is None:
+                return ReplicaStacks(name, rank, pid, "none", False, "not placed", 0.0, ())
+            step = (alloc.job_id, running[name]) if name in running else None
+            return await steps.stacks(
+                alloc.job_id, node, job_id, (name, rank, pid), timeout_s, step
+            )
+
+        return list(await asyncio.gather(*(one(*t) for t in targets)))
 
     def _job_id_of(self, replica: str) -> str | None:
         """trainguard's job id, as the replica's environment carries it."""
