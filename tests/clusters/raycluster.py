@@ -293,6 +293,20 @@ class RayCluster:
             if n["Alive"]
         ]
 
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until every alive node has all its CPUs free: an earlier test's actors give theirs
+        back a moment after they end, and a job that needs the whole cluster would not fit."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._gcs()
+            total, free = state.total_resources_per_node(), state.available_resources_per_node()
+            busy = {n: r.get("CPU", 0) - free.get(n, {}).get("CPU", 0) for n, r in total.items()}
+            if not any(busy.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"CPUs still held {timeout}s after the last test: {busy}")
+            time.sleep(0.1)
+
     def node(self, index: int) -> RayNode:
         return self.all_nodes[index]
 

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 def rtg(tg: TG, ray_cluster: RayCluster) -> TG:
     """The CLI as a driver of the test cluster (loopback only)."""
     ray_cluster.heal()  # a node killed by an earlier test is replaced
+    ray_cluster.wait_idle()
     tg.env.update(DRIVER_ENV)
     return tg
 
@@ -56,6 +57,18 @@ def spec(
 def _status(tg: TG) -> dict[str, Any] | None:
     jobs = tg.json("jobs")
     return tg.json("status", jobs[0]["id"]) if jobs else None
+
+
+def _wait_running(tg: TG, proc: subprocess.Popen[str]) -> None:
+    """Until the job runs; a master that ends first fails the test with what it said."""
+    wait_for(
+        lambda: proc.poll() is not None or ((s := _status(tg)) and s["state"] == "RUNNING"),
+        120,
+        "the job to run",
+    )
+    if proc.poll() is not None:
+        _, err = proc.communicate()
+        pytest.fail(f"the master ended ({proc.returncode}) before the job ran:\n{err}")
 
 
 def _step(tg: TG) -> int:
@@ -125,7 +138,7 @@ def test_too_few_nodes_left_fails_with_a_clear_message(
     tmp_path: Path,
 ) -> None:
     proc = rtg.start("run", "--quiet", "-f", _whole_cluster_job(tmp_path, ray_cluster))
-    wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
+    _wait_running(rtg, proc)
     ray_cluster.kill_node(_a_worker_node(ray_cluster))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
@@ -145,7 +158,7 @@ def test_too_few_nodes_left_waits_for_capacity_when_asked(
     )
     proc = rtg.start("run", "--quiet", "-f", job)
     try:
-        wait_for(lambda: (s := _status(rtg)) and s["state"] == "RUNNING", 120, "the job to run")
+        _wait_running(rtg, proc)
         ray_cluster.kill_node(_a_worker_node(ray_cluster))
         wait_for(
             lambda: "waiting for capacity" in (rtg.only_job()["queued_reason"] or ""),

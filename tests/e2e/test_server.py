@@ -256,11 +256,18 @@ def test_server_restart_loses_nothing(server_factory: Any, tg: TG, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_job_whose_master_died_is_resumed_by_the_server(server_factory: Any) -> None:
+def test_a_job_whose_master_died_is_resumed_by_the_server(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """The job waits on a gate until its master is killed and resumed: a slow machine
+    cannot let the first attempt end before the kill."""
     srv = server_factory("--cpus", "2")
-    job_id = srv.submit("--nproc-per-node", "2", *sleeper(4))
+    gate = tmp_path / "gate"
+    job_id = srv.submit("--nproc-per-node", "2", *gated(gate))
     srv.wait_state(job_id, "RUNNING")
     os.kill(srv.json("status", job_id)["master_pid"], signal.SIGKILL)
+    wait_for(lambda: srv.json("status", job_id)["attempts"] == 2, 60, "the resumed attempt")
+    gate.touch()
     assert srv.wait_state(job_id, "SUCCEEDED", "FAILED", timeout=90) == "SUCCEEDED"
     reasons = [t["reason"] for t in _transitions(srv, job_id)]
     assert "auto-resume: its master was lost" in reasons

@@ -127,6 +127,29 @@ def test_a_hung_py_spy_is_killed_at_the_timeout(tmp_path: Path, spawn: Spawn) ->
     assert not any(alive(p) for p in started)
 
 
+@needs_py_spy
+def test_a_slow_native_dump_gets_the_time_the_fallbacks_do_not_need(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    """A native dump of a torch process reads libtorch's symbols: over 3 s on a busy machine.
+    An equal share of 5 s among three attempts (1.7 s) gave it up; it now gets 3 s."""
+    slow = tmp_path / "py-spy"
+    slow.write_text(
+        f'#!/bin/sh\ncase " $* " in *" --native "*) sleep 2.2;; esac\nexec {find_py_spy()} "$@"\n'
+    )
+    slow.chmod(0o755)
+    fh = tmp_path / "w0.stacks.txt"
+    target = spawn("stuck_here", str(fh), setup=FAULTHANDLER_SETUP)
+    snaps, _ = run(
+        dump_stacks(
+            [("w0", 0, target.pid)], timeout_s=5, faulthandler_files={"w0": fh}, py_spy=str(slow)
+        )
+    )
+    (s,) = snaps
+    assert (s.ok, s.tool) == (True, "py-spy --native"), s.error
+    assert "stuck_here" in main_names(s)
+
+
 def test_faulthandler_fallback_when_py_spy_is_missing(tmp_path: Path, spawn: Spawn) -> None:
     fh = tmp_path / "w0.stacks.txt"
     fh.write_text("an earlier dump that must be ignored\n")

@@ -25,6 +25,10 @@ from trainguard.hangs.stack_parsers import parse_faulthandler, parse_py_spy_json
 FAULTHANDLER_POLL_S = 0.02
 """How often the faulthandler file is checked for the dump to arrive and settle."""
 
+FALLBACK_S = 1.0
+"""The time kept for each fallback still to come. A plain dump takes ~10 ms; a native one
+reads libtorch's symbols (0.8 s idle, over 3 s on a busy machine), so it gets the rest."""
+
 
 class _Failed(Exception):
     """One attempt failed; the message says why, in one line."""
@@ -50,8 +54,9 @@ async def dump_stacks(
     """Snapshot every (replica, rank, pid) in parallel, each within `timeout_s`.
 
     Per target: `py-spy dump --json --native`, then without --native if that failed,
-    then the faulthandler file if `faulthandler_files` names one; each attempt gets an
-    equal share of the time left among the attempts still to come. `py_spy` is the
+    then the faulthandler file if `faulthandler_files` names one; each attempt gets the
+    time left less `FALLBACK_S` per attempt still to come (at least an equal share of
+    it). `py_spy` is the
     binary to run (default: `find_py_spy()`). Results come in the order of `targets`.
     """
     binary = py_spy if py_spy is not None else find_py_spy()
@@ -94,7 +99,7 @@ async def _dump_one(
     tool = "none"
     n_left = len(attempts) + (fh_file is not None)
     for tool, argv in attempts:
-        share = (deadline - time.monotonic()) / n_left
+        share = _share(deadline - time.monotonic(), n_left)
         n_left -= 1
         try:
             threads = await _py_spy(argv, share)
@@ -111,6 +116,11 @@ async def _dump_one(
         else:
             return _done(replica, rank, pid, tool, start, threads)
     return ReplicaStacks(replica, rank, pid, tool, False, "; ".join(errors), _ms(start), ())
+
+
+def _share(left_s: float, n_left: int) -> float:
+    """The time for this attempt out of `left_s`, with `n_left` attempts counting it."""
+    return max(left_s - FALLBACK_S * (n_left - 1), left_s / n_left)
 
 
 def process_state(pid: int) -> str | None:
