@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents_scale import TOKEN, FakeAgent
+from agents_scale import TOKEN, FakeAgent, fleet_parser
 
 from trainguard.backends.agent.backend import AgentBackend
 from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaOutput
@@ -254,12 +254,7 @@ async def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=128)
-    p.add_argument("--ranks-per-node", type=int, default=8)
-    p.add_argument("--lines-per-s", type=float, default=10.0)
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--runs", type=int, default=3)
+    p = fleet_parser(__doc__)
     p.add_argument(
         "--warm-s",
         type=float,
@@ -267,7 +262,6 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, help="write every run here too")
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--fake-agents", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.fake_agents:

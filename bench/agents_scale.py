@@ -68,7 +68,9 @@ class FakeAgent:
     def exit(self, replica: str, returncode: int, stop_requested: bool = False) -> float:
         """`replica` exits with `returncode`; when it was sent."""
         head = self.running.pop(replica)
-        tail = [f"step {n} loss 0.5 on {replica}" for n in range(200)]  # a full tail
+        # A full tail, as a real agent sends with a failure; none with a stopped exit (the
+        # master has the output).
+        tail = [] if stop_requested else [f"step {n} loss 0.5 on {replica}" for n in range(200)]
         evidence = {"replica": replica, "returncode": returncode, "log_tail": tail}
         evidence["stop_requested"] = stop_requested
         now = time.time()
@@ -195,15 +197,21 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         fakes.wait(timeout=60)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def fleet_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a measurement against fake agents, which agents_master.py takes too: the
+    fleet's size and output, how many runs, and (hidden) the master the fakes' process joins."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=128)
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--lines-per-s", type=float, default=10.0)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--fake-agents", metavar="HOST:PORT", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = fleet_parser(__doc__).parse_args()
     if args.fake_agents:
         asyncio.run(_fakes(args.fake_agents, args.nodes, args.lines_per_s, args.seconds))
         return

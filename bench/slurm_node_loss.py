@@ -7,8 +7,8 @@ slurmd and munged on hosts that share nothing), in an allocation of 3 nodes (`sa
 same fault at step 30: the machine of rank 1 dies (`--fault kill`: every process of its
 host killed, slurmd, slurmstepd, the rank: their connections close) or is cut off the
 network (`--fault cut`: its processes run on, no connection closes). Three tools,
-interleaved: `trainguard` (each rank a step), `agents` (`trainguard run --node-agents`: a
-step per node, forking its ranks) and `torchrun`. Measured from the fault:
+interleaved: `trainguard` (each rank a step, `--no-node-agents`), `agents` (node agents,
+the default: a step per node, forking its ranks) and `torchrun`. Measured from the fault:
 
   detected     trainguard: its restart record; torchrun: the first line of the failure in
                the job's output (torchrun's agent, or srun)
@@ -25,54 +25,28 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tests" / "clusters"))
+from slurm_harness import (
+    PY,
+    ROOT,
+    STEP,
+    TRAINGUARD,
+    SlurmCluster,
+    Watch,
+    srun_torchrun,
+    started_cluster,
+)
 
-from hosts import hosts_on_a_bridge  # noqa: E402
-from slurmcluster import SlurmCluster, require_slurm, sweep  # noqa: E402
-
-PY = sys.executable
-TRAINGUARD = str(Path(PY).with_name("trainguard"))
-TORCHRUN = str(Path(PY).with_name("torchrun"))
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
 KILL_AT = 30
-STEP = re.compile(r"step (\d+) loss")
 FAILURE = re.compile(
     r"ChildFailedError|Worker group FAILED|failed \(exitcode|Node failure|"
     r"Connection closed by peer|CANCELLED AT|Restarting worker",
     re.IGNORECASE,
 )
-
-
-class Watch:
-    """Every line of a process's output, with the time it arrived."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._threads = [
-            threading.Thread(target=self._read, args=(s,), daemon=True)
-            for s in (proc.stdout, proc.stderr)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.lines.append((time.time(), line.rstrip("\n")))
-
-    def max_step(self) -> int:
-        steps = [int(m[1]) for _, line in list(self.lines) if (m := STEP.search(line))]
-        return max(steps, default=0)
-
-    def first_after(self, t0: float, pattern: re.Pattern[str]) -> float | None:
-        return next((t for t, line in list(self.lines) if t > t0 and pattern.search(line)), None)
 
 
 def _args(folder: Path) -> list[str]:
@@ -91,21 +65,12 @@ def _args(folder: Path) -> list[str]:
 
 def _trainguard(folder: Path, agents: bool) -> list[str]:
     run = [TRAINGUARD, "run", "--plain", "--job-name", "bench", "--nodes", "2"]
-    run += ["--node-agents", "--"] if agents else ["--"]
+    run += ["--node-agents", "--"] if agents else ["--no-node-agents", "--"]
     return ["salloc", "-N3", "--no-kill", *run, PY, *_args(folder)]
 
 
 def _torchrun(folder: Path, head: str) -> list[str]:
-    launch = [
-        TORCHRUN,
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--max-restarts=3",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={head}:29400",
-        "--rdzv-id=bench",
-    ]
-    srun = ["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", *launch]
+    srun = srun_torchrun(2, 1, restarts=3, head=head, rdzv_id="bench")
     return ["salloc", "-N3", "--no-kill", *srun, *_args(folder)]
 
 
@@ -179,20 +144,13 @@ def main() -> None:
     p.add_argument("--fault", choices=("kill", "cut"), default="kill")
     p.add_argument("--tools", default="trainguard,agents,torchrun")
     a = p.parse_args()
-    require_slurm()
-    sweep()
     results: dict[str, list[dict[str, float | None]]] = {t: [] for t in a.tools.split(",")}
-    with hosts_on_a_bridge(3) as hosts:
-        cluster = SlurmCluster(hosts)
-        try:
-            cluster.start()
-            for i in range(a.runs):
-                for tool in results:  # interleaved
-                    r = one(cluster, tool, a.wait, a.fault)
-                    results[tool].append(r)
-                    print(f"run {i} {tool:<10} {r}", flush=True)
-        finally:
-            cluster.stop()
+    with started_cluster(3) as cluster:
+        for i in range(a.runs):
+            for tool in results:  # interleaved
+                r = one(cluster, tool, a.wait, a.fault)
+                results[tool].append(r)
+                print(f"run {i} {tool:<10} {r}", flush=True)
     print(f"\nnode {a.fault} at step {KILL_AT} of a 2-node job (3-node allocation), {a.runs} runs:")
     med: dict[str, float | None] = {}
     for tool, rows in results.items():

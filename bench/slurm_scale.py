@@ -1,6 +1,7 @@
 """Many tiny ranks in a real Slurm allocation: what supervising them costs the batch host,
-under trainguard (each rank a step), trainguard with node agents (`--node-agents`: a step
-per node) and `srun torchrun` (a torchrun agent per node), interleaved (issue 40).
+under trainguard (each rank a step, `--no-node-agents`), trainguard with node agents (the
+default: a step per node) and `srun torchrun` (a torchrun agent per node), interleaved
+(issue 40).
 
 The cluster is tests/clusters/slurmcluster.py: Debian's slurmctld, slurmd and munged on 3
 hosts that share nothing (network namespaces on this machine); host 0 is both the batch
@@ -28,23 +29,13 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tests" / "clusters"))
+from slurm_harness import PY, TRAINGUARD, SlurmCluster, Watch, srun_torchrun, started_cluster
 
-from hosts import hosts_on_a_bridge  # noqa: E402
-from slurm_node_loss import Watch  # noqa: E402
-from slurmcluster import SlurmCluster, require_slurm, sweep  # noqa: E402
-
-PY = sys.executable
-TRAINGUARD = str(Path(PY).with_name("trainguard"))
-TORCHRUN = str(Path(PY).with_name("torchrun"))
 NODES = 3
 TICK = os.sysconf("SC_CLK_TCK")
 READY_S = 120.0  # past it, a tool never had every rank up
@@ -65,20 +56,11 @@ while time.time() < end:
 def _argv(tool: str, per_node: int, script: Path, hold: float, head: str) -> list[str]:
     program = [PY, str(script), f"{hold:g}"]
     if tool == "torchrun":
-        launch = [
-            TORCHRUN,
-            f"--nnodes={NODES}",
-            f"--nproc-per-node={per_node}",
-            "--max-restarts=0",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={head}:29400",
-            "--rdzv-id=scale",
-        ]
-        srun = ["srun", f"-N{NODES}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", *launch]
+        srun = srun_torchrun(NODES, per_node, restarts=0, head=head, rdzv_id="scale")
         return ["salloc", f"-N{NODES}", "--no-kill", *srun, *program[1:]]
     run = [TRAINGUARD, "run", "--plain", "--job-name", "scale", "--nodes", str(NODES)]
     run += ["--nproc-per-node", str(per_node), "--no-preload"]
-    run += ["--node-agents", "--"] if tool == "agents" else ["--"]
+    run += ["--node-agents", "--"] if tool == "agents" else ["--no-node-agents", "--"]
     return ["salloc", f"-N{NODES}", "--no-kill", *run, *program]
 
 
@@ -202,23 +184,16 @@ def main() -> None:
     p.add_argument("--window", type=float, default=5.0, help="seconds of CPU measured")
     p.add_argument("--tools", default="trainguard,agents,torchrun")
     a = p.parse_args()
-    require_slurm()
-    sweep()
     tools = a.tools.split(",")
     sizes = [int(n) for n in a.per_node.split(",")]
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {(t, n): [] for t in tools for n in sizes}
-    with hosts_on_a_bridge(NODES) as hosts:
-        cluster = SlurmCluster(hosts)
-        try:
-            cluster.start()
-            for i in range(a.runs):
-                for n in sizes:
-                    for tool in tools:  # interleaved
-                        r = one(cluster, tool, n, a.hold, a.window)
-                        rows[(tool, n)].append(r)
-                        print(f"run {i} {n:>3}/node {tool:<10} {r}", flush=True)
-        finally:
-            cluster.stop()
+    with started_cluster(NODES) as cluster:
+        for i in range(a.runs):
+            for n in sizes:
+                for tool in tools:  # interleaved
+                    r = one(cluster, tool, n, a.hold, a.window)
+                    rows[(tool, n)].append(r)
+                    print(f"run {i} {n:>3}/node {tool:<10} {r}", flush=True)
     print(f"\n{NODES} nodes, ranks printing 10 lines/s, medians of {a.runs} runs:")
     head = f"{'ranks':>5} {'tool':<10} {'ready s':>8} {'procs':>6} {'RSS MiB':>8} "
     print(head + f"{'steps':>6} {'CPU %':>6} {'ctld s':>7}")

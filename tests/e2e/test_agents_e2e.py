@@ -197,6 +197,7 @@ def test_stop_and_signal_are_orders_the_agent_answers(tmp_path: Path) -> None:
         await w.backend.stop(["worker-0"], grace_s=5)
         stopped = w.exit_of("worker-0")  # told before the stop returns
         assert stopped is not None and stopped.evidence.stop_requested
+        assert stopped.evidence.log_tail == ("up",)  # the master's own: the agent sent none
 
     _run(tmp_path, scenario)
 

@@ -22,8 +22,8 @@ import pytest
 import slurmcluster
 from conftest import TG, wait_for
 from hosts import Host
+from slurm_jobs import TRAINGUARD, shared, slurm
 from slurmcluster import SlurmCluster
-from test_slurm_e2e import TRAINGUARD, shared, slurm
 
 pytest.importorskip("torch")  # the torch extra
 

@@ -11,26 +11,23 @@ on any host."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+import slurm_jobs
 import slurmcluster
-from conftest import ROOT, TG, wait_for
+from conftest import TG, wait_for
+from slurm_jobs import shared, slurm
 from slurmcluster import SlurmCluster
 
 torch = pytest.importorskip("torch")  # the torch extra
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurmcluster.slurm_cluster  # the module's cluster
-
-EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
-TRAINGUARD = str(Path(sys.executable).with_name("trainguard"))
-ARGS = ("--steps", "90", "--ckpt-every", "10", "--step-time", "0.05")
+__all__ = ["shared", "slurm", "slurm_cluster"]  # fixtures, used by name
+AGENTS = "--node-agents"
 
 # Ranks that compute alone (no collective): each prints a step every 0.1 s for 60 s; the
 # attempt after a restart ends at once.
@@ -44,47 +41,6 @@ for step in range(600):
 """
 
 
-@pytest.fixture
-def slurm(slurm_cluster: SlurmCluster) -> SlurmCluster:
-    slurm_cluster.heal()  # a node an earlier test killed comes back
-    return slurm_cluster
-
-
-@pytest.fixture
-def shared(slurm: SlurmCluster, request: pytest.FixtureRequest) -> Iterator[Path]:
-    folder = slurm.hosts.shared / request.node.name
-    folder.mkdir(parents=True)
-    yield folder
-
-
-def _job(slurm: SlurmCluster, shared: Path, *run: str, nodes: int = 3) -> subprocess.Popen[str]:
-    """`salloc -N<nodes> --no-kill trainguard run --node-agents ...` on the batch host."""
-    env = {**slurm.env, "TRAINGUARD_HOME": str(shared / "home"), "PYTHONUNBUFFERED": "1"}
-    argv = ["salloc", f"-N{nodes}", "--no-kill", TRAINGUARD, "run", "--plain", "--node-agents"]
-    return slurm.popen(
-        [*argv, *run],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=shared,
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def _at_step(tg: TG, job: str, step: int, proc: subprocess.Popen[str], timeout: float) -> None:
-    def reached() -> bool:
-        assert proc.poll() is None, proc.communicate()
-        progress = (tg.status_or_none(job) or {}).get("progress") or {}
-        return (progress.get("step") or 0) >= step
-
-    wait_for(reached, timeout, f"job {job} at step {step}")
-
-
 def _steps(slurm: SlurmCluster) -> list[str]:
     """The names of the running job steps (`squeue -s`), batch/extern steps left out."""
     res = slurm.run(["squeue", "-h", "-s", "-o", "%j"], timeout=30)
@@ -95,52 +51,15 @@ def _steps(slurm: SlurmCluster) -> list[str]:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The final weights of the same job (4 ranks) run on this machine without any fault."""
-    home = tmp_path_factory.mktemp("baseline")
-    out = home / "final.pt"
-    res = TG(home / "home")(
-        "run",
-        "--quiet",
-        "--nproc-per-node",
-        "4",
-        "--",
-        sys.executable,
-        EXAMPLE,
-        *ARGS,
-        "--ckpt-dir",
-        str(home / "ckpt"),
-        "--out",
-        str(out),
-        timeout=240,
-    )
-    assert res.returncode == 0, res.stderr
-    return out
+    return slurm_jobs.baseline_weights(tmp_path_factory, ranks=4)
 
 
 def test_a_ddp_job_runs_a_step_per_node_and_survives_the_loss_of_one(
     slurm: SlurmCluster, shared: Path, baseline: Path
 ) -> None:
     tg = TG(shared / "home")
-    proc = _job(
-        slurm,
-        shared,
-        "--job-name",
-        "ddp",
-        "--nodes",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--",
-        sys.executable,
-        EXAMPLE,
-        *ARGS,
-        "--step-time",
-        "0.2",
-        "--ckpt-dir",
-        str(shared / "ckpt"),
-        "--out",
-        str(shared / "final.pt"),
-    )
-    _at_step(tg, "ddp", 30, proc, 150)
+    proc = slurm_jobs.ddp_job(slurm, shared, AGENTS, ranks_per_node=2)
+    slurm_jobs.wait_step(tg, "ddp", 30, proc, 150)
     before = tg.json("status", "ddp")
     nodes = [r["node"] for r in before["replicas"]]
     assert nodes == ["tg-host-0", "tg-host-0", "tg-host-1", "tg-host-1"], nodes
@@ -150,7 +69,7 @@ def test_a_ddp_job_runs_a_step_per_node_and_survives_the_loss_of_one(
     assert len(sruns) == 2 * 3, sruns  # srun is two processes: one srun per node
     killed_s = time.time()
     slurm.kill(1)
-    code, _out, err = _finish(proc)
+    code, _out, err = slurm_jobs.finish(proc)
     assert code == 0, err[-3000:]
     records = tg.json("records", "ddp")
     lost = [r for r in records if r["failure_class"] == "node_lost"]
@@ -166,22 +85,11 @@ def test_a_ddp_job_runs_a_step_per_node_and_survives_the_loss_of_one(
     x, y = torch.load(shared / "final.pt", weights_only=True), torch.load(baseline)
     assert x.keys() == y.keys(), (x.keys(), y.keys())
     assert all(torch.allclose(x[k], y[k], rtol=0, atol=1e-6) for k in x)
-    again = min(at for attempt, _step, at in _progress(shared) if attempt == 1)
+    again = min(at for attempt, _step, at in slurm_jobs.progress_rows(shared) if attempt == 1)
     print(
         f"\nslurm agents, node loss: detected {lost[0]['at_s'] - killed_s:.1f} s after the "
         f"kill, first step again {again - killed_s:.1f} s after it"
     )
-
-
-def _progress(shared: Path) -> list[tuple[int, int, float]]:
-    import sqlite3
-
-    db = sqlite3.connect(shared / "home" / "trainguard.db")
-    try:
-        rows = db.execute("select attempt, step, at_s from progress order by at_s")
-        return [(int(a), int(s), float(t)) for a, s, t in rows]
-    finally:
-        db.close()
 
 
 def test_a_machine_cut_off_while_its_ranks_compute_alone_is_lost_by_its_agents_silence(
@@ -194,13 +102,12 @@ def test_a_machine_cut_off_while_its_ranks_compute_alone_is_lost_by_its_agents_s
     script = shared / "alone.py"
     script.write_text(ALONE)
     tg = TG(shared / "home")
-    proc = _job(
-        slurm, shared, "--job-name", "alone", "--nodes", "2", "--", sys.executable, str(script)
-    )
-    _at_step(tg, "alone", 20, proc, 120)
+    run = ["--job-name", "alone", "--nodes", "2", "--", sys.executable, str(script)]
+    proc = slurm_jobs.salloc(slurm, shared, AGENTS, *run)
+    slurm_jobs.wait_step(tg, "alone", 20, proc, 120)
     cut_s = time.time()
     slurm.cut(1)
-    code, _out, err = _finish(proc, 180)
+    code, _out, err = slurm_jobs.finish(proc, 180)
     assert code == 0, err[-3000:]
     (rec,) = tg.json("records", "alone")
     assert rec["replica"] == "worker-1" and rec["failure_class"] == "node_lost", rec
@@ -216,32 +123,7 @@ def test_a_machine_cut_off_while_its_ranks_compute_alone_is_lost_by_its_agents_s
 
 
 def test_a_hangs_stacks_come_back_through_the_agents(slurm: SlurmCluster, shared: Path) -> None:
-    proc = _job(
-        slurm,
-        shared,
-        "--job-name",
-        "hang",
-        "--nodes",
-        "2",
-        "--job-hang-interval",
-        "6",
-        "--max-restarts",
-        "0",
-        "--",
-        sys.executable,
-        EXAMPLE,
-        "--steps",
-        "200",
-        "--step-time",
-        "0.05",
-        "--hang-at-step",
-        "15",
-        "--ckpt-dir",
-        str(shared / "ckpt"),
-        nodes=2,
-    )
-    _finish(proc, 180)
-    stacks: list[dict[str, Any]] = TG(shared / "home").json("stacks", "hang")
+    stacks = slurm_jobs.hang_stacks(slurm, shared, AGENTS)
     assert stacks, "no stack dump was taken"
     diagnosis = {r["replica"]: r for r in stacks[0]["report"]["replicas"]}
     frames = [f["name"] for f in diagnosis["worker-1"]["main_stack"]]
@@ -249,23 +131,5 @@ def test_a_hangs_stacks_come_back_through_the_agents(slurm: SlurmCluster, shared
 
 
 def test_scancel_leaves_nothing_on_any_host(slurm: SlurmCluster, shared: Path) -> None:
-    env = {**slurm.env, "TRAINGUARD_HOME": str(shared / "home")}
-    script = (
-        f"exec {TRAINGUARD} run --plain --node-agents --job-name long --nodes 2 -- "
-        f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.05 --ckpt-dir {shared / 'c'}"
-    )
-    out = shared / "out.txt"
-    argv = ["sbatch", "--parsable", "-N2", "--no-kill", f"--output={out}", "--wrap", script]
-    submit = slurm.run(argv, env=env)
-    assert submit.returncode == 0, submit.stderr
-    tg = TG(shared / "home")
-
-    def training() -> bool:
-        progress = (tg.status_or_none("long") or {}).get("progress") or {}
-        return (progress.get("step") or 0) >= 5
-
-    wait_for(training, 120, "the job training on 2 nodes")
-    assert slurm.run(["scancel", submit.stdout.strip()]).returncode == 0
-    wait_for(lambda: not slurm.processes(), 60, "every step of the job ended")
-    status = tg.json("status", "long")
-    assert status["state"] == "CANCELLED", (status, (shared / "out.txt").read_text()[-3000:])
+    status, out = slurm_jobs.scancelled(slurm, shared, AGENTS)
+    assert status["state"] == "CANCELLED", (status, out[-3000:])

@@ -11,24 +11,25 @@ from pathlib import Path
 
 import pytest
 import slurmcluster
-from conftest import wait_for
+from conftest import TG, wait_for
+from slurm_jobs import TRAINGUARD, shared, slurm
 from slurmcluster import SlurmCluster
-from test_slurm_e2e import TRAINGUARD, _reader, shared, slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurmcluster.slurm_cluster  # the module's cluster
 __all__ = ["shared", "slurm", "slurm_cluster"]  # fixtures, used by name
 
 LIMIT = 40
-"""The master's hard limit of files: enough to start (it holds ~17), not for 12 ranks (each
-srun step holds 3: its output pipe, its log file, its pidfd)."""
+"""The master's hard limit of files: enough to start (it holds ~17), not for 12 ranks each
+its own srun step (each holds 3: its output pipe, its log file, its pidfd). With node
+agents (the default) the same job needs 3 steps, and fits."""
 
 
 def test_a_master_out_of_descriptors_loses_no_node(slurm: SlurmCluster, shared: Path) -> None:
     spec = shared / "job.yaml"
     spec.write_text(
         "name: fds\nbackend: slurm\n"
-        "slurm: {nodes: 3, tasks_per_node: 4, drain_lost_nodes: true}\n"
+        "slurm: {nodes: 3, tasks_per_node: 4, drain_lost_nodes: true, agents: false}\n"
         "fault_tolerance: {max_internal_restarts: 1}\n"
         "worker_pools:\n  - role: worker\n    replicas: 12\n"
         "    command: [sleep, '60']\n"
@@ -44,7 +45,7 @@ def test_a_master_out_of_descriptors_loses_no_node(slurm: SlurmCluster, shared: 
     )
     _out, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, err[-3000:]
-    tg = _reader(shared)
+    tg = TG(shared / "home")
     status = tg.json("status", "fds")
     assert status["state"] == "FAILED" and status["error_code"] == "INTERNAL", status
     assert status["attempts"] == 2  # retried once, as an internal error
@@ -82,7 +83,7 @@ def test_scancel_of_an_salloc_allocation_is_a_cancel(slurm: SlurmCluster, shared
         text=True,
         cwd=shared,
     )
-    tg = _reader(shared)
+    tg = TG(shared / "home")
 
     def running() -> bool:
         assert proc.poll() is None, proc.communicate()

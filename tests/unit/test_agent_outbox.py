@@ -49,3 +49,24 @@ def test_output_is_batched_bounded_and_goes_before_the_exit_after_it() -> None:
         theirs[0].close()
 
     asyncio.run(main())
+
+
+def test_a_stopped_replicas_tail_is_not_sent_and_a_failed_ones_is() -> None:
+    """The master has a stopped replica's output already; a failed one's tail is the
+    agent's own, whole (output may have been dropped on the way)."""
+
+    async def main() -> None:
+        theirs: list[socket.socket] = []
+        agent = await _agent(theirs)
+        tail = ("line",) * 200
+        agent._on_event(ReplicaExited(0, "w0", 0, 7, ExitEvidence("w0", 1, log_tail=tail), 1.0))
+        stopped = ExitEvidence("w1", -15, log_tail=tail, stop_requested=True)
+        agent._on_event(ReplicaExited(0, "w1", 0, 8, stopped, 1.0))
+        failed, was_stopped = agent._outbox
+        assert len(failed["evidence"]["log_tail"]) == 200
+        assert len(was_stopped["evidence"]["log_tail"]) == 0
+        agent._writer.close()
+        await agent._writer.wait_closed()
+        theirs[0].close()
+
+    asyncio.run(main())

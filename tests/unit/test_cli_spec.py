@@ -378,3 +378,15 @@ def test_c4d_from_ft_args_is_refused_on_and_accepted_off() -> None:
     assert line.endswith("(from --ft-args --enable-c4d-hang-detection)")
     spec = _build("--ft-args", "--enable-c4d-hang-detection=False", "--", "x")
     assert spec.fault_tolerance == _build("--", "x").fault_tolerance
+
+
+def test_node_agents_are_the_default_and_a_flag_turns_them_off(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nslurm: {agents: false}\nworker_pools: [{command: [python, x.py]}]\n")
+    assert _build("--", "python", "x.py").slurm.agents
+    assert not _build("--no-node-agents", "--", "python", "x.py").slurm.agents
+    assert not _build("-f", str(job)).slurm.agents
+    assert _build("--node-agents", "-f", str(job)).slurm.agents  # the flag beats the file
+    assert _build_problems("--node-agents", "--no-node-agents", "--", "python", "x.py") == [
+        "--node-agents and --no-node-agents: give one of them"
+    ]

@@ -187,12 +187,11 @@ def test_a_stop_returns_after_the_failed_exits_whose_nodes_were_being_probed(
         await slow.wait()
         return ALIVE[node.name]
 
-    async def nothing(*_args: object) -> None:
+    async def nothing(*_args: object, **_kwargs: object) -> None:
         return None
 
     monkeypatch.setattr(cluster, "probe", probe)
-    monkeypatch.setattr(backend._inner, "stop", nothing)
-    monkeypatch.setattr(backend, "_cancel_steps", nothing)
+    monkeypatch.setattr(backend._launcher, "stop", nothing)
 
     async def race() -> list[object]:
         backend._from_inner(_exit(ExitEvidence("worker-1", 1, log_tail=("KeyError: 'lr'",))))

@@ -213,7 +213,7 @@ def _the_rest(data: dict[str, Any], args: argparse.Namespace) -> None:
     elif "backend" not in data and os.environ.get("SLURM_JOB_ID") and _many_nodes(data):
         data["backend"] = "slurm"  # inside an allocation, a job of several nodes
     _merged(data, "queue", args, {k: k for k in ("priority", "max_wait_s", "wait_for_capacity")})
-    _merged(data, "slurm", args, {"agents": "agents"})
+    _agents(data, args)
     if args.gpus is not None:
         data["gpu_inventory"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
 
@@ -232,6 +232,14 @@ def _whole(option: str, value: object) -> int | str:
 def _many_nodes(data: dict[str, Any]) -> bool:
     nodes = (data.get("slurm") or {}).get("nodes")
     return isinstance(nodes, int) and nodes > 1
+
+
+def _agents(data: dict[str, Any], args: argparse.Namespace) -> None:
+    _merged(data, "slurm", args, {"agents": "agents"})
+    if args.no_node_agents:
+        if args.agents:
+            raise SpecError([f"{flag('agents')} and {flag('no_node_agents')}: give one of them"])
+        data["slurm"] = {**(data.get("slurm") or {}), "agents": False}
 
 
 def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:

@@ -61,8 +61,9 @@ class RayOptions(SpecModel):
 
 
 class SlurmOptions(SpecModel):
-    """A job inside a Slurm allocation (`sbatch`/`salloc`): each replica a job step (`srun`)
-    on one of the allocation's nodes, `tasks_per_node` replicas per node in rank order."""
+    """A job inside a Slurm allocation (`sbatch`/`salloc`): its replicas on the allocation's
+    nodes, `tasks_per_node` per node in rank order, forked by each node's agent (one job
+    step per node) or, without agents, each its own step (`srun`)."""
 
     # Nodes the job uses (default: as many as its replicas need at tasks_per_node); the
     # allocation's other nodes are spares for a node that is lost.
@@ -75,7 +76,8 @@ class SlurmOptions(SpecModel):
     probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
     # One agent per node forks its ranks (issue 40): a step per node, not per rank; a
     # node whose agent goes silent for 3 s is lost, whatever its ranks were doing.
-    agents: bool = False
+    # False: each rank its own step, its srun supervised from the batch host.
+    agents: bool = True
     # How long a node's agent may take to join (srun's start, the agent's imports).
     agent_join_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
 

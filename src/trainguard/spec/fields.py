@@ -200,7 +200,14 @@ FIELDS: tuple[SpecField, ...] = (
     SpecField(
         "slurm.agents",
         ("--node-agents",),
-        "slurm.agents: one agent per node forks its ranks (a step per node, not per rank)",
+        "slurm.agents (default): one agent per node forks its ranks (a step per node)",
+        action="switch",
+    ),
+    SpecField(
+        "slurm.agents",
+        ("--no-node-agents",),
+        "slurm.agents: false: each rank its own srun step, supervised from this host",
+        dest="no_node_agents",
         action="switch",
     ),
     SpecField(

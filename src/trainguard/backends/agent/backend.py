@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -61,6 +63,16 @@ class _Link:
             self.writer.write(wire.encode(msg))
 
 
+@dataclass
+class _Run:
+    """A replica's run on an agent's node: where, which attempt, its pid once started."""
+
+    node: str
+    attempt: int
+    restart: int
+    pid: int | None = None
+
+
 class AgentBackend:
     def __init__(
         self,
@@ -77,9 +89,8 @@ class AgentBackend:
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
         self._joined = asyncio.Condition()
-        self._where: dict[str, str] = {}  # replica -> node of its current run
-        self._runs: dict[str, tuple[int, int, int | None]] = {}  # replica -> attempt, restart, pid
-        self._tails: dict[str, Tail] = {}
+        self._runs: dict[str, _Run] = {}  # replica -> its current run
+        self._tails: defaultdict[str, Tail] = defaultdict(Tail)
         self._last_output: dict[str, float] = {}
         self._newest_output_s = 0.0
         self._ids = itertools.count(1)
@@ -125,7 +136,8 @@ class AgentBackend:
 
     def current_run(self, replica: str) -> tuple[int, int, int | None] | None:
         """(attempt, restart, pid) of the replica's run, while it runs."""
-        return self._runs.get(replica)
+        run = self._runs.get(replica)
+        return None if run is None else (run.attempt, run.restart, run.pid)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -175,17 +187,19 @@ class AgentBackend:
                 self._on_output(out)
             return
         ev = wire.event_of(msg, link.node)
-        if isinstance(ev, ReplicaStarted):
-            self._runs[ev.replica] = (ev.attempt, ev.restart, ev.pid)
+        run = self._runs.get(ev.replica)
+        if isinstance(ev, ReplicaStarted) and run is not None and run.node == link.node:
+            run.pid = ev.pid
         elif isinstance(ev, ReplicaExited):
-            if self._where.get(ev.replica) != link.node:
+            if run is None or run.node != link.node:
                 return  # reported lost with its node already
-            self._where.pop(ev.replica, None)
-            self._runs.pop(ev.replica, None)
+            del self._runs[ev.replica]
+            if ev.evidence.stop_requested and not ev.evidence.log_tail:  # not sent: ours
+                ev = replace(ev, evidence=replace(ev.evidence, log_tail=self.log_tail(ev.replica)))
         self._emit(ev)
 
     def _on_output(self, ev: ReplicaOutput) -> None:
-        tail = self._tails.get(ev.replica) or self._tails.setdefault(ev.replica, Tail())
+        tail = self._tails[ev.replica]
         for segment in ev.segments:
             tail.append(segment)
         self._last_output[ev.replica] = ev.time_s
@@ -219,10 +233,14 @@ class AgentBackend:
                 if beat:
                     link.say({"type": "beat", "time_s": time.time()})
                 if link.lost is None and now - link.heard_s > AGENT_SILENT_S:
-                    self._lose(link, f"its agent was silent for {now - link.heard_s:.1f} s")
+                    # Its node died when it fell silent: before the errors its death caused
+                    # its peers, which the master must not take for the root cause.
+                    last_s = time.time() - (now - link.heard_s)
+                    self._lose(link, f"its agent was silent for {now - link.heard_s:.1f} s", last_s)
 
-    def _lose(self, link: _Link, why: str) -> None:
-        """The node is lost: each replica still running there exits with `node_lost`."""
+    def _lose(self, link: _Link, why: str, at_s: float | None = None) -> None:
+        """The node is lost (at `at_s`, default now): each replica still running there
+        exits with `node_lost`."""
         if link.lost is not None:
             return
         link.lost = why
@@ -231,12 +249,11 @@ class AgentBackend:
             if not waiting.done():
                 waiting.set_result(None)
         text = f"node {link.node} lost: {why}"
-        for replica in [r for r, n in self._where.items() if n == link.node]:
-            attempt, restart, pid = self._runs.pop(replica, (0, 0, None))
-            del self._where[replica]
-            tail = self.log_tail(replica)
-            ev = ExitEvidence(replica, None, log_tail=tail, node_lost=text)
-            self._emit(ReplicaExited(attempt, replica, restart, pid, ev, time.time()))
+        for replica, run in [(r, run) for r, run in self._runs.items() if run.node == link.node]:
+            del self._runs[replica]
+            ev = ExitEvidence(replica, None, log_tail=self.log_tail(replica), node_lost=text)
+            seen_s = time.time() if at_s is None else at_s
+            self._emit(ReplicaExited(run.attempt, replica, run.restart, run.pid, ev, seen_s))
 
     async def _order(
         self, node: str, msg: dict[str, Any], within_s: float = ANSWER_S
@@ -303,8 +320,7 @@ class AgentBackend:
                     )
                 )
                 continue
-            self._where[launch.replica] = node
-            self._runs[launch.replica] = (launch.attempt, launch.restart, None)
+            self._runs[launch.replica] = _Run(node, launch.attempt, launch.restart)
             self._tails[launch.replica] = Tail()
             by_node.setdefault(node, []).append(launch)
         for node, group in by_node.items():
@@ -320,8 +336,8 @@ class AgentBackend:
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
         by_node: dict[str, list[str]] = {}
         for replica in replicas:
-            if (node := self._where.get(replica)) is not None:
-                by_node.setdefault(node, []).append(replica)
+            if (run := self._runs.get(replica)) is not None:
+                by_node.setdefault(run.node, []).append(replica)
         orders = (
             self._order(node, {"type": "stop", "replicas": group, "grace_s": grace_s})
             for node, group in by_node.items()
@@ -329,10 +345,12 @@ class AgentBackend:
         await asyncio.gather(*orders)
 
     async def signal(self, replica: str, signum: int) -> bool:
-        node = self._where.get(replica)
-        if node is None:
+        run = self._runs.get(replica)
+        if run is None:
             return False
-        answer = await self._order(node, {"type": "signal", "replica": replica, "signum": signum})
+        answer = await self._order(
+            run.node, {"type": "signal", "replica": replica, "signum": signum}
+        )
         return answer is not None and bool(answer.get("ok"))
 
     def last_output_s(self, replicas: Collection[str] | None = None) -> float:
@@ -354,7 +372,8 @@ class AgentBackend:
         """Each node's agent takes its replicas' stacks there, all nodes at once."""
         by_node: dict[str, list[tuple[str, int, int]]] = {}
         for target in targets:
-            by_node.setdefault(self._where.get(target[0], ""), []).append(target)
+            run = self._runs.get(target[0])
+            by_node.setdefault(run.node if run else "", []).append(target)
 
         async def on(node: str, group: list[tuple[str, int, int]]) -> list[ReplicaStacks]:
             files = {r: str(faulthandler_files[r]) for r, _, _ in group if r in faulthandler_files}

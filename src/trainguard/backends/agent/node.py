@@ -18,11 +18,12 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainguard.backends.agent import protocol as wire
-from trainguard.backends.interface import BackendEvent, ReplicaOutput
+from trainguard.backends.interface import BackendEvent, ReplicaExited, ReplicaOutput
 from trainguard.backends.local.backend import LocalBackend
 
 BEAT_S = 0.5
@@ -45,7 +46,7 @@ class Agent:
         preload: Sequence[str] = (),
     ) -> None:
         self._reader, self._writer = reader, writer
-        self._backend = LocalBackend(preload=preload)
+        self._backend = LocalBackend(preload=preload, own_machine=True)
         self._outbox: collections.deque[dict[str, Any]] = collections.deque()
         self._queued = 0  # bytes of output in the outbox and the batch
         self._batch: list[ReplicaOutput] = []  # output not yet in the outbox
@@ -74,6 +75,10 @@ class Agent:
                 asyncio.get_running_loop().call_later(OUTPUT_BATCH_S, self._flush_batch)
             return
         self._flush_batch()  # a replica's output goes before its exit
+        if isinstance(ev, ReplicaExited) and ev.evidence.stop_requested:
+            # The master has its output already: 200 lines each of a thousand stopped
+            # ranks would be 0.2 M lines to decode between a failure and the restart.
+            ev = replace(ev, evidence=replace(ev.evidence, log_tail=()))
         self._outbox.append(wire.event_message(ev))
         self._ready.set()
 

@@ -56,11 +56,15 @@ class LocalBackend:
         host: str = "127.0.0.1",
         preload: Sequence[str] = (),
         one_node: bool = False,
+        own_machine: bool | None = None,
     ) -> None:
         """`one_node`: this backend is the job's, its machine the job's one node (GPUs
         laid out as torchrun's, `node_layout`); not where another backend (Slurm) starts
-        its own, laid-out launches through it."""
+        its own, laid-out launches through it. `own_machine` (default: `one_node`): the
+        replicas' programs run on this machine, which holds them to their memory limit and
+        is read when one fails: a node's agent, not the srun processes of a Slurm job."""
         self._layout = NodeLayout() if one_node else None
+        self._own_machine = one_node if own_machine is None else own_machine
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._runs: dict[str, Run] = {}
         self._tee = tee
@@ -237,8 +241,7 @@ class LocalBackend:
         """The run's tracking, held to its pool's resources.memory on the job's own node
         (not the srun processes of a Slurm job: Slurm holds its steps)."""
         assert self._tracking is not None
-        own_node = self._layout is not None
-        return self._tracking.new_run(launch.memory_bytes if own_node else None)
+        return self._tracking.new_run(launch.memory_bytes if self._own_machine else None)
 
     def _hold(self, run: Run) -> None:
         why = run.processes.hold()
@@ -288,7 +291,7 @@ class LocalBackend:
         assert run.transport is not None
         returncode = run.returncode
         oom_kills = run.oom_kills()  # before its cgroup, which may count them, goes
-        failed = returncode and not run.stop_requested and self._layout is not None
+        failed = returncode and not run.stop_requested and self._own_machine
         memory = memory_reading(run) if failed else None  # not srun's host under Slurm
         # Whatever it left behind goes with it: its group, and what left the group (a new
         # session, a double fork, a child holding its output pipe) by its cgroup.

@@ -20,25 +20,21 @@ readings come back as marker lines in the log tail, taken out here into the exit
 evidence (`machine`), with the storage errors of the tail (TRAINGUARD_SLURM_NODE_PROBE=0
 in the master's environment runs the program bare, as before).
 
-With `slurm.agents` (issue 40) the ranks are not steps: one agent step per node
-(`agent_steps`) forks them there (`backends.agent`), and the master talks to the agents:
-output, exits with the node's own evidence, stops, signals and stacks go over their
-connections, and an agent silent for `AGENT_SILENT_S` is a lost node, whatever its ranks
-were doing. Placement, the nodes' health and exclusion stay this module's.
+With `slurm.agents` (issue 40) the ranks are not steps: one agent step per node forks
+them there (`launchers.AgentLauncher`), and an agent silent for `AGENT_SILENT_S` is a lost
+node, whatever its ranks were doing. Placement, the nodes' health and exclusion stay this
+module's either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.backends.agent.backend import AgentBackend
 from trainguard.backends.interface import (
     BackendEvent,
     Launch,
@@ -47,25 +43,17 @@ from trainguard.backends.interface import (
     ReplicaExited,
     ReplicaStarted,
 )
-from trainguard.backends.local.backend import LocalBackend
 from trainguard.backends.net import address_towards, port_at
-from trainguard.backends.slurm import cluster, steps
-from trainguard.backends.slurm.agent_steps import AgentSteps
+from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
+from trainguard.backends.slurm.launchers import AgentLauncher, Launcher, StepLauncher
 from trainguard.backends.slurm.node_check import check_allocation
-from trainguard.backends.slurm.node_probe import ended_on_its_own, with_readings
-from trainguard.backends.slurm.placement import (
-    layout_env,
-    node_failure,
-    place,
-    srun_argv,
-    step_lost,
-)
+from trainguard.backends.slurm.node_probe import with_readings
+from trainguard.backends.slurm.placement import layout_env, node_failure, place, step_lost
 from trainguard.classify.classes import Classification, ExitEvidence, FailureClass
 from trainguard.classify.own_errors import is_own_resource_errno
 from trainguard.hangs.stack_model import ReplicaStacks
 from trainguard.spec.engines import SlurmOptions
-from trainguard.storage.env import ENV_JOB_ID
 
 
 class SlurmBackend:
@@ -87,12 +75,6 @@ class SlurmBackend:
         self._opts = opts
         self._need = opts.nodes or -(-replicas // opts.tasks_per_node)
         self._env = env
-        self._inner: LocalBackend | AgentBackend
-        if opts.agents:  # the agents of the nodes run the ranks
-            self._inner = AgentBackend(job or "job", secrets.token_hex(16), "", preload, tee)
-        else:
-            self._inner = LocalBackend(tee=tee, preload=())  # the srun processes, here
-        self._agent_steps: AgentSteps | None = None
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._alloc: Allocation | None = None
         self._nodes: dict[str, Node] = {}
@@ -103,19 +85,23 @@ class SlurmBackend:
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
         self._reading: set[asyncio.Future[Any]] = set()  # failed exits, their nodes probed
-        self._ended: dict[str, int] = {}  # replica -> its program's status, said before a stop
-        self._job_ids: dict[str, str] = {}  # replica -> trainguard's job id (its env)
         self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
+        self._launcher: Launcher = (
+            AgentLauncher(opts, tee, self._where, job or "job", preload)
+            if opts.agents
+            else StepLauncher(opts, tee, self._where, self._excluded)
+        )
+        self._runs = self._launcher.supervisor
 
     # -------------------------------------------------------------- the seam
 
     @property
     def warm_start_notes(self) -> Sequence[str]:
-        return self._inner.warm_start_notes
+        return self._runs.warm_start_notes
 
     def bind(self, emit: Callable[[BackendEvent], None]) -> None:
         self._emit = emit
-        self._inner.bind(self._from_inner)
+        self._runs.bind(self._from_inner)
 
     async def channel_host(self) -> str:
         """This host's address as the allocation's nodes reach it."""
@@ -131,8 +117,7 @@ class SlurmBackend:
                 f"the job needs {self._need} node(s) of {self._opts.tasks_per_node} task(s), "
                 f"and the allocation has {len(self._usable)} usable{self._why_excluded()}"
             )
-        if isinstance(self._inner, AgentBackend):
-            await self._join_agents(self._inner)
+        await self._join()
         addr = self._nodes[self._usable[0]].addr
         return addr, port_at(addr)
 
@@ -148,8 +133,7 @@ class SlurmBackend:
         running = {r: n for r, n in self._where.items() if r not in {la.replica for la in launches}}
         if running:  # some replicas restart alone: the others keep their nodes
             await self._refresh()
-            if isinstance(self._inner, AgentBackend):
-                await self._join_agents(self._inner)
+            await self._join()
         kept = {la.replica: self._where[la.replica] for la in launches if la.replica in self._where}
         placed = place(
             [(la.replica, la.rank) for la in launches],
@@ -163,72 +147,30 @@ class SlurmBackend:
                 ev = ExitEvidence(la.replica, None, spawn_error=why)
                 self._emit(ReplicaExited(la.attempt, la.replica, la.restart, None, ev, _now()))
             return
-        steps = []
         attempt = launches[0].attempt if launches else -1
         self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
         self._launched.update({la.replica: la for la in launches})
         self._where.update(placed)
         layout = layout_env(self._launched, self._where)
-        if isinstance(self._inner, AgentBackend):
-            placed_launches = [
-                replace(la, env={**la.env, **env, **task_env, "SLURMD_NODENAME": placed[r]})
-                for la in launches
-                for r, (env, task_env) in [(la.replica, layout[la.replica])]
-            ]
-            for la in launches:
-                self._job_ids[la.replica] = la.env.get(ENV_JOB_ID, "")
-            await self._inner.start_on(placed_launches, placed)
-            return
-        for la in launches:
-            self._job_ids[la.replica] = la.env.get(ENV_JOB_ID, "")
-            node = placed[la.replica]
-            env, task_env = layout[la.replica]
-            argv = srun_argv(
-                la,
-                node,
-                alloc.job_id,
-                list(self._excluded),
-                self._opts.srun_args,
-                task_env,
-                probe=_PROBE,
-            )
-            steps.append(replace(la, argv=tuple(argv), env={**la.env, **env}))
-        await self._inner.start(steps)
+        await self._launcher.start(launches, layout)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
         """Stopped, and every failed exit whose node was still being probed told: a
         replica that died on its own a moment before the stop is its peers' root cause,
         and the master settles on the exits it has when this returns."""
-        if isinstance(self._inner, AgentBackend):
-            await self._inner.stop(replicas, grace_s)
-        else:
-            ended = {r: ended_on_its_own(self._inner.log_tail(r)) for r in replicas}
-            self._ended.update({r: code for r, code in ended.items() if code is not None})
-            await self._inner.stop(replicas, grace_s, list(self._ended))
-            await self._cancel_steps(replicas)
+        await self._launcher.stop(replicas, grace_s)
         if self._reading:
             await asyncio.wait(list(self._reading))
 
     async def signal(self, replica: str, signum: int) -> bool:
-        """The remote task itself (`scancel --signal` of its step; its agent, with agents),
-        as a fault would hit it."""
-        if isinstance(self._inner, AgentBackend):
-            return await self._inner.signal(replica, signum)
-        step = (await self._steps()).get(replica)
-        alloc = self._alloc
-        if step is None or alloc is None:
-            return False
-        try:
-            await cluster.run_slurm(["scancel", f"--signal={signum}", f"{alloc.job_id}.{step}"])
-        except SlurmError:
-            return False
-        return True
+        """The remote task itself, as a fault would hit it."""
+        return await self._launcher.signal(replica, signum)
 
     def last_output_s(self, replicas: Collection[str] | None = None) -> float:
-        return self._inner.last_output_s(replicas)
+        return self._runs.last_output_s(replicas)
 
     def log_tail(self, replica: str) -> tuple[str, ...]:
-        return self._inner.log_tail(replica)
+        return self._runs.log_tail(replica)
 
     async def dump_stacks(
         self,
@@ -236,27 +178,8 @@ class SlurmBackend:
         timeout_s: float,
         faulthandler_files: Mapping[str, Path],
     ) -> list[ReplicaStacks]:
-        """py-spy on each replica's own node, through a step beside its own (its node's
-        agent, with agents), all at once."""
-        if isinstance(self._inner, AgentBackend):
-            return await self._inner.dump_stacks(targets, timeout_s, faulthandler_files)
-        running = await self._steps()
-        alloc = self._alloc
-
-        async def one(name: str, rank: int, pid: int) -> ReplicaStacks:
-            node, job_id = self._where.get(name), self._job_id_of(name)
-            if node is None or alloc is None or job_id is None:
-                return ReplicaStacks(name, rank, pid, "none", False, "not placed", 0.0, ())
-            step = (alloc.job_id, running[name]) if name in running else None
-            return await steps.stacks(
-                alloc.job_id, node, job_id, (name, rank, pid), timeout_s, step
-            )
-
-        return list(await asyncio.gather(*(one(*t) for t in targets)))
-
-    def _job_id_of(self, replica: str) -> str | None:
-        """trainguard's job id, as the replica's environment carries it."""
-        return self._job_ids.get(replica)
+        """py-spy on each replica's own node, all at once."""
+        return await self._launcher.dump_stacks(targets, timeout_s, faulthandler_files)
 
     def isolate_after(self, replica: str, c: Classification) -> str | None:
         if c.failure_class is not FailureClass.NODE_LOST:
@@ -294,12 +217,7 @@ class SlurmBackend:
         return found
 
     async def close(self) -> None:
-        live = list(self._where)
-        await self._inner.close()
-        if self._agent_steps is not None:
-            await self._agent_steps.close(grace_s=10.0)
-        else:
-            await self._cancel_steps(live)
+        await self._launcher.close()
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
@@ -329,33 +247,18 @@ class SlurmBackend:
         if len(spare) >= self._need:  # nodes on probation only where no spare is left
             self._usable = spare
 
-    async def _join_agents(self, agents: AgentBackend) -> None:
-        """An agent on each usable node (its step started once, for the whole job; again on
-        a node that comes back); a node whose agent does not join within
-        `slurm.agent_join_s` is kept out, with what its srun said."""
-        alloc = self._alloc
-        assert alloc is not None
-        if self._agent_steps is None:
-            host = address_towards(self._nodes[self._usable[0]].addr)
-            where, port = await agents.listen(host)
-            self._agent_steps = AgentSteps(
-                alloc.job_id, f"{where}:{port}", agents.job, agents.token, self._opts.srun_args
-            )
-        missing = [n for n in self._usable if n not in agents.live()]
-        if not missing:
+    async def _join(self) -> None:
+        """The launcher ready on every usable node; a node where it is not is kept out."""
+        assert self._alloc is not None
+        out = await self._launcher.join(self._alloc, self._nodes, self._usable)
+        if not out:
             return
-        await self._agent_steps.start(missing)
-        joined = await agents.wait_for_nodes(missing, self._opts.agent_join_s)
-        for node in missing:
-            if node not in joined:
-                said = self._agent_steps.said(node) or "srun said nothing"
-                wait = self._opts.agent_join_s
-                self._excluded[node] = f"node {node}'s agent did not join in {wait:g} s: {said}"
-        self._usable = [n for n in self._usable if n not in self._excluded]
+        self._excluded.update(out)
+        self._usable = [n for n in self._usable if n not in out]
         if len(self._usable) < self._need:
             raise NoCapacity(
                 f"the job needs {self._need} node(s) of {self._opts.tasks_per_node} task(s), "
-                f"and {len(self._usable)} of the allocation have an agent{self._why_excluded()}"
+                f"and {len(self._usable)} of the allocation are ready{self._why_excluded()}"
             )
 
     async def _probe(self, nodes: Sequence[Node]) -> dict[str, Probe]:
@@ -382,12 +285,7 @@ class SlurmBackend:
         if ev.evidence.node_lost is not None:  # its agent is gone: no probe needed
             self._keep(asyncio.ensure_future(self._agent_lost(ev)), self._reading)
             return
-        code = self._ended.pop(ev.replica, None)
-        if code is not None and not ev.evidence.stop_requested:
-            # Its program had failed when the stop came; the stop's KILL may have ended its
-            # wrapper while it read the node: the status is the one the wrapper said.
-            ev = replace(ev, evidence=replace(ev.evidence, returncode=code))
-        ev = with_readings(ev)
+        ev = with_readings(self._launcher.settled(ev))
         failed = node_failure(ev.evidence.log_tail)
         if failed is not None:  # srun exits 0 when the node under its task dies
             lost = replace(ev.evidence, returncode=None, node_lost=self._lost_text(failed))
@@ -421,13 +319,13 @@ class SlurmBackend:
         found = await self._probe(list(nodes.values()))
         dead = {n for n, p in found.items() if p.answer is Answer.LOST}  # not UNKNOWN
         for replica, node in where.items():
-            run = self._inner.current_run(replica)
+            run = self._runs.current_run(replica)
             if node not in dead or run is None or replica == ev.replica:
                 continue
             attempt, restart, pid = run
             self._lost.add((attempt, replica, restart))
             self._emit(self._lost_exit(replica, node, attempt, restart, pid, ev.time_s))
-            self._keep(asyncio.ensure_future(self._inner.stop([replica], grace_s=0)))
+            self._keep(asyncio.ensure_future(self._launcher.stop([replica], grace_s=0)))
         own = where.get(ev.replica)
         if own is not None and own in dead:
             evidence = replace(ev.evidence, node_lost=self._lost_text(own))
@@ -437,7 +335,7 @@ class SlurmBackend:
     def _lost_exit(
         self, replica: str, node: str, attempt: int, restart: int, pid: int | None, seen_s: float
     ) -> ReplicaExited:
-        tail = self._inner.log_tail(replica)
+        tail = self._runs.log_tail(replica)
         evidence = ExitEvidence(replica, None, log_tail=tail, node_lost=self._lost_text(node))
         return ReplicaExited(attempt, replica, restart, pid, evidence, seen_s - 1e-3)
 
@@ -446,23 +344,11 @@ class SlurmBackend:
         where = f"{node} ({n.addr})" if n else node
         return f"Slurm node {where} does not answer: its slurmd is unreachable"
 
-    # -------------------------------------------------------------- steps
-
-    async def _steps(self) -> dict[str, str]:
-        return await steps.of_job(self._alloc.job_id) if self._alloc is not None else {}
-
-    async def _cancel_steps(self, replicas: Sequence[str]) -> None:
-        if self._alloc is not None:
-            await steps.cancel(self._alloc.job_id, replicas)
-
     def _keep(self, task: asyncio.Future[Any], *also: set[asyncio.Future[Any]]) -> None:
         """Held (in `_tasks`, and each of `also`) until it is done."""
         for held in (self._tasks, *also):
             held.add(task)
             task.add_done_callback(held.discard)
-
-
-_PROBE = os.environ.get("TRAINGUARD_SLURM_NODE_PROBE", "1") != "0"
 
 
 def _own_fault(ev: ReplicaExited) -> bool:
