@@ -312,6 +312,20 @@ def test_a_stopped_replica_that_was_dying_of_its_own_error_says_so() -> None:
     later = (*bug, *(f"step {i} loss 0.1" for i in range(20)))  # it went on after that
     assert failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=later)) is None
     assert failed_before_stop(ExitEvidence("w", 1, log_tail=bug)) is None  # not stopped
+    # A deep stack (the header far up), its last frame with code and caret lines, then
+    # 12 lines of shutdown noise: the short test before the whole read still finds it.
+    frames = [f'  File "m{i}.py", line {i}, in f{i}' for i in range(60)]
+    deep = (
+        *(f"step {i} loss 0.1" for i in range(100)),
+        "Traceback (most recent call last):",
+        *frames,
+        "    lr = cfg['lr']",
+        "         ~~~^^^^^^",
+        "KeyError: 'lr'",
+        *(f"[W shutdown noise {i}]" for i in range(12)),
+    )
+    c = failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=deep))
+    assert c is not None and c.rule == "python-bug"
 
 
 def test_older_pytorch_oom_numbers_count_allocated_and_cached_as_its_own() -> None:

@@ -42,7 +42,7 @@ from trainguard.classify.evidence import weigh
 from trainguard.classify.fingerprint import fingerprint
 from trainguard.classify.learned import reconsider
 from trainguard.classify.logcontext import phase_of
-from trainguard.classify.logtail import exception_block
+from trainguard.classify.logtail import exception_block, may_end_in_traceback
 from trainguard.classify.machine import weigh_machine
 from trainguard.classify.own_errors import is_own_resource_errno, own_resource_text
 from trainguard.signals import decode_returncode, signal_name
@@ -133,6 +133,8 @@ def failed_before_stop(ev: ExitEvidence, rules: Rules | None = None) -> Classifi
     Counting it keeps the root cause right when its peer's cascade was seen first.
     """
     if not ev.stop_requested or ev.returncode == 0:
+        return None
+    if not may_end_in_traceback(ev.log_tail, _DYING_WORDS):
         return None
     block = exception_block(ev.log_tail)
     if block is None or len(ev.log_tail) - (block[1] + 1) > _DYING_WORDS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
@@ -71,6 +71,13 @@ class Tail:
 def clean(line: str) -> str:
     """One log line without launcher prefixes or exception-group rails."""
     return _PREFIX.sub("", line).strip().lstrip("|+ ").strip()
+
+
+def may_end_in_traceback(lines: Sequence[str], after: int) -> bool:
+    """Whether a traceback's exception line may be among the last `after` + 1 lines: its
+    last frame (`File "..."`, its code and caret lines) is right above it. A test of a few
+    lines before `exception_block` reads a whole tail: a stop of 1,024 ranks reads 1,024."""
+    return any(_HEADER in x or 'File "' in x for x in lines[-(after + 6) :])
 
 
 def exception_block(lines: Iterable[str]) -> tuple[int, int, list[str]] | None:
