@@ -276,6 +276,7 @@ def test_a_killed_agent_is_a_lost_node_within_its_heartbeat_bound(tmp_path: Path
         print(f"agent killed -> node lost in {found_s:.2f} s")
         assert ev.evidence.node_lost is not None and "n1" in ev.evidence.node_lost
         assert found_s <= agent_backend.AGENT_SILENT_S + 5  # its bound, with a busy machine's slack
+        assert w.backend.hung_up("n1")  # its connection ended: not silent
         await w.until(lambda: not _alive(pid), 15, "the replica gone with its agent")
 
     _run(tmp_path, scenario)
@@ -312,6 +313,7 @@ def test_a_frozen_agent_is_a_lost_node_by_its_silence(tmp_path: Path) -> None:
             agent.kill()  # its guardian then ends the replica
         print(f"agent frozen -> node lost in {found_s:.2f} s")
         assert ev.evidence.node_lost is not None and "silent" in ev.evidence.node_lost
+        assert not w.backend.hung_up("n1")
         assert agent_backend.AGENT_SILENT_S <= found_s <= agent_backend.AGENT_SILENT_S + 5
 
     _run(tmp_path, scenario)

@@ -12,6 +12,7 @@ import errno
 import pytest
 
 from trainguard.backends.interface import ReplicaExited
+from trainguard.backends.slurm import backend as slurm_backend
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.backend import SlurmBackend
 from trainguard.backends.slurm.cluster import (
@@ -46,7 +47,7 @@ def _slurm(
     backend.bind(seen.append)
     backend._alloc = Allocation("7", ("n0", "n1"))
     backend._nodes = {n: Node(n, f"10.0.0.{i}", "MIXED") for i, n in enumerate(probes)}
-    backend._where = {"worker-0": "n0", "worker-1": "n1"}
+    backend._where.update({"worker-0": "n0", "worker-1": "n1"})
 
     async def probe(node: Node, timeout_s: float) -> Probe:
         asked.append(node.name)
@@ -248,3 +249,45 @@ def test_a_rendezvous_whose_probes_cannot_run_is_an_error_here_not_too_few_nodes
     with pytest.raises(SlurmError, match="Slurm node n0: the probe could not run here: EMFILE"):
         asyncio.run(backend.rendezvous())  # not NoCapacity: no node is lost or excluded
     assert backend._excluded == {}
+
+
+def test_an_agent_that_hung_up_on_a_live_node_waits_for_slurm_to_say_the_allocation_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A requeue ends the agents' steps before `scontrol` shows the job requeued: the
+    first answer is RUNNING, the second (a moment later) REQUEUED, so the loss is told as
+    the allocation's end (a cancel), ahead of the exit, not as a lost node's."""
+    asked: list[str] = []
+    backend, seen = _slurm(ALIVE, asked, monkeypatch)
+    answers = iter([None, "REQUEUED"])
+
+    async def allocation_end(job_id: str) -> str | None:
+        asked.append(f"job {job_id}")
+        return next(answers)
+
+    monkeypatch.setattr(cluster, "allocation_end", allocation_end)
+    monkeypatch.setattr(slurm_backend, "STEP_ENDED_S", 0.01)
+    monkeypatch.setattr(backend._launcher, "hung_up", lambda replica: replica == "worker-0")
+    lost = ExitEvidence("worker-0", None, node_lost="node n0 lost: its agent closed the connection")
+    asyncio.run(_deliver(backend, _exit(lost)))
+    assert asked == ["job 7", "n0", "job 7"]
+    assert seen[0] == (
+        "on_ended",
+        "cancelled (Slurm ended allocation 7: REQUEUED; scancel, a time limit or a preemption)",
+    )
+    assert isinstance(seen[1], ReplicaExited)
+
+
+def test_an_agent_silent_or_on_a_dead_node_is_a_lost_node_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    dead = {"n0": Probe(Answer.LOST, "refused"), "n1": Probe(Answer.ALIVE)}
+    backend, seen = _slurm(dead, asked, monkeypatch)
+    monkeypatch.setattr(backend._launcher, "hung_up", lambda replica: replica == "worker-0")
+    gone = ExitEvidence("worker-0", None, node_lost="node n0 lost: its agent closed the connection")
+    silent = ExitEvidence("worker-1", None, node_lost="node n1 lost: its agent was silent")
+    asyncio.run(_deliver(backend, _exit(gone)))
+    asyncio.run(_deliver(backend, _exit(silent)))
+    assert asked == ["job 7", "n0", "job 7"]  # the dead node probed once; the silent one not
+    assert [type(ev) for ev in seen] == [ReplicaExited, ReplicaExited]

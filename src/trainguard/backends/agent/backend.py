@@ -57,6 +57,7 @@ class _Link:
         self.heard_s = time.monotonic()
         self.waiting: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
         self.lost: str | None = None
+        self.silent = False  # lost by its silence, not by its connection's end
 
     def say(self, msg: Mapping[str, Any]) -> None:
         if self.lost is None:
@@ -133,6 +134,12 @@ class AgentBackend:
     def live(self) -> list[str]:
         """The nodes whose agent is connected, in the order they joined."""
         return [n for n, link in self._links.items() if link.lost is None]
+
+    def hung_up(self, node: str) -> bool:
+        """Whether `node`'s agent was lost by its connection's end (its process, or its
+        step, ended), not by its silence (a machine dead or cut off)."""
+        link = self._links.get(node)
+        return link is not None and link.lost is not None and not link.silent
 
     def current_run(self, replica: str) -> tuple[int, int, int | None] | None:
         """(attempt, restart, pid) of the replica's run, while it runs."""
@@ -236,6 +243,7 @@ class AgentBackend:
                     # Its node died when it fell silent: before the errors its death caused
                     # its peers, which the master must not take for the root cause.
                     last_s = time.time() - (now - link.heard_s)
+                    link.silent = True
                     self._lose(link, f"its agent was silent for {now - link.heard_s:.1f} s", last_s)
 
     def _lose(self, link: _Link, why: str, at_s: float | None = None) -> None:

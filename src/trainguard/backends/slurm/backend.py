@@ -299,11 +299,19 @@ class SlurmBackend:
         self._keep(asyncio.ensure_future(self._failed(ev)), self._reading)
 
     async def _agent_lost(self, ev: ReplicaExited) -> None:
-        """A node's agent is gone: Slurm ending the allocation (scancel kills the agents'
-        steps as it signals the master) is told first, as for a failure."""
+        """A node's agent is gone: Slurm ending the allocation (scancel, a requeue or the
+        time limit end the agents' steps as they signal the master) is told first, as for
+        a failure. An agent that hung up on a node whose slurmd still answers had its step
+        ended, not its machine: Slurm, which may not say so yet, is asked again a moment
+        later (without this a requeue read as two lost nodes failed the job for capacity)."""
         alloc = self._alloc
-        if alloc is not None:
-            await self._end.ended(alloc.job_id)
+        if alloc is not None and not await self._end.ended(alloc.job_id):
+            node = self._nodes.get(self._where.get(ev.replica, ""))
+            if node is not None and self._launcher.hung_up(ev.replica):
+                found = await self._probe([node])
+                if found[node.name].answer is Answer.ALIVE:
+                    await asyncio.sleep(STEP_ENDED_S)
+                    await self._end.ended(alloc.job_id)
         self._emit(ev)
 
     async def _failed(self, ev: ReplicaExited) -> None:
@@ -349,6 +357,11 @@ class SlurmBackend:
         for held in (self._tasks, *also):
             held.add(task)
             task.add_done_callback(held.discard)
+
+
+STEP_ENDED_S = 1.0
+"""How long after an agent's step ended on a live node Slurm is asked again whether the
+allocation ended: its state reads RUNNING for a moment after it ends the steps."""
 
 
 def _own_fault(ev: ReplicaExited) -> bool:

@@ -162,8 +162,13 @@ _ENDED_STATES = frozenset(
         "FAILED",
         "NODE_FAIL",
         "OUT_OF_MEMORY",
+        "PENDING",  # requeued: the allocation this master runs in is over
         "PREEMPTED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
         "REVOKED",
+        "SPECIAL_EXIT",
         "TIMEOUT",
     }
 )

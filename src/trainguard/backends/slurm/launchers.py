@@ -77,6 +77,12 @@ class Launcher(Protocol):
         """The exit with the status its program ended with, where the launcher knows it."""
         ...
 
+    def hung_up(self, replica: str) -> bool:
+        """Whether the replica was lost with its node's agent ending its connection (its
+        step ended: scancel, a requeue, the time limit; or its machine died), not by the
+        agent's silence."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -165,6 +171,9 @@ class StepLauncher:
             return ev
         return replace(ev, evidence=replace(ev.evidence, returncode=code))
 
+    def hung_up(self, replica: str) -> bool:
+        return False  # no agent
+
     async def close(self) -> None:
         await self._local.close()
         if self._alloc is not None:
@@ -239,6 +248,10 @@ class AgentLauncher:
 
     def settled(self, ev: ReplicaExited) -> ReplicaExited:
         return ev
+
+    def hung_up(self, replica: str) -> bool:
+        node = self._where.get(replica)
+        return node is not None and self._agents.hung_up(node)
 
     async def close(self) -> None:
         await self._agents.close()
