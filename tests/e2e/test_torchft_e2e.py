@@ -70,7 +70,9 @@ def test_three_kills_of_a_group_cost_the_other_groups_nothing(tmp_path: Path) ->
     injections = [f"--inject=signal:{v}:SIGKILL@{t:.1f}s" for v, t in zip(victims, at, strict=True)]
     tg = TG(tmp_path / "home")
     out = tmp_path / "out"
-    train = ("--steps", "350", "--step-time", "0.03", "--out", str(out))
+    # 500 steps (15 s): the job outlives the last kill (at most 13.5 s in); with 350 a
+    # quick run could end before it (seen once: 2 restarts)
+    train = ("--steps", "500", "--step-time", "0.03", "--out", str(out))
     _run(tg, 3, 2, *injections, train=train)
     status, restarts, runs = _job(tg)
     assert status["state"] == "SUCCEEDED", (injections, status)

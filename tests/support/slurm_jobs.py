@@ -32,12 +32,22 @@ def slurm(slurm_cluster: SlurmCluster) -> SlurmCluster:
     return slurm_cluster
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+"""Every `salloc` of the running test: one a failed test left running is ended with it,
+not garbage-collected while it runs during the next test (a warning that fails that one)."""
+
+
 @pytest.fixture
 def shared(slurm: SlurmCluster, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A folder of this test on the storage every host sees (the store, checkpoints)."""
     folder = slurm.hosts.shared / request.node.name
     folder.mkdir(parents=True)
     yield folder
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def baseline_weights(tmp_path_factory: pytest.TempPathFactory, ranks: int) -> Path:
@@ -56,9 +66,11 @@ def salloc(slurm: SlurmCluster, shared: Path, *run: str, nodes: int = 3) -> subp
     """`salloc -N<nodes> --no-kill trainguard run --plain RUN...` on the batch host."""
     env = {**slurm.env, "TRAINGUARD_HOME": str(shared / "home"), "PYTHONUNBUFFERED": "1"}
     argv = ["salloc", f"-N{nodes}", "--no-kill", TRAINGUARD, "run", "--plain", *run]
-    return slurm.popen(
+    proc = slurm.popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=shared
     )
+    _STARTED.append(proc)
+    return proc
 
 
 def ddp_job(
