@@ -46,13 +46,20 @@ def test_bad_specs_say_what_is_wrong(text: str, error: str) -> None:
         parse_injection(text)
 
 
-def _injector(*texts: str) -> tuple[FaultInjector, list[str], FakeClock]:
-    """An injector on the fake clock; what it fires, by its text."""
+def _injector(
+    *texts: str, between: set[str] | None = None
+) -> tuple[FaultInjector, list[str], FakeClock]:
+    """An injector on the fake clock; what it fires, by its text. The replicas in `between`
+    are between two runs: a fault for them does not land."""
     clock = FakeClock()
     fired: list[str] = []
+    down = between if between is not None else set()
 
-    def fire(inj: Injection) -> None:
+    def fire(inj: Injection) -> bool:
+        if inj.replica in down:
+            return False
         fired.append(inj.text)
+        return True
 
     return FaultInjector([parse_injection(t) for t in texts], fire, clock), fired, clock
 
@@ -104,6 +111,34 @@ def test_a_step_injection_fires_at_its_step_in_its_attempt_only() -> None:
     inj.arm(1)
     inj.on_step(None, 5)
     assert fired == ["exit:worker-1:3@step=7", "signal:worker-0:segv@step=5,attempt=1"]
+
+
+def test_a_fault_due_while_its_replica_restarts_lands_when_it_runs_again() -> None:
+    down = {"worker-1"}
+    inj, fired, clock = _injector(
+        "signal:worker-1:SIGKILL@5s", "exit:worker-1:3@step=9", between=down
+    )
+    inj.arm(0)
+    clock.advance(5)
+    inj.on_step(None, 9)
+    inj.on_started("worker-0")
+    assert fired == []  # worker-1 is being restarted: both wait, for worker-1 only
+    down.clear()
+    inj.on_started("worker-1")
+    assert fired == ["signal:worker-1:SIGKILL@5s", "exit:worker-1:3@step=9"]
+    inj.on_started("worker-1")
+    assert len(fired) == 2  # each lands once
+
+
+def test_a_waiting_fault_of_an_attempt_that_ended_never_lands() -> None:
+    down = {"worker-1"}
+    inj, fired, clock = _injector("signal:worker-1:SIGKILL@5s", between=down)
+    inj.arm(0)
+    clock.advance(5)
+    inj.arm(1)  # the whole job restarted: attempt 0's faults are moot
+    down.clear()
+    inj.on_started("worker-1")
+    assert fired == []
 
 
 @pytest.mark.slow

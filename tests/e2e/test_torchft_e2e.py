@@ -65,8 +65,9 @@ def _lost_steps(log: Path) -> int:
 def test_three_kills_of_a_group_cost_the_other_groups_nothing(tmp_path: Path) -> None:
     """3 groups of 2 ranks; group 1's ranks SIGKILLed 3 times at random moments."""
     rng = random.Random(18)
-    # 6 s apart: a kill that comes while group 1 still restarts from the last one finds no
-    # process and fires nothing (4 s apart: 2 restarts in two fresh-clone runs of 4 workers)
+    # 6 s apart; a kill due while group 1 still restarts from the last one lands when the
+    # victim runs again (before, it found no process and fired nothing: 2 restarts of 3 in
+    # three fresh-clone runs of 4 workers)
     at = [4 + 6 * i + rng.uniform(0, 1.5) for i in range(3)]
     victims = [rng.choice(("worker-2", "worker-3")) for _ in at]
     injections = [f"--inject=signal:{v}:SIGKILL@{t:.1f}s" for v, t in zip(victims, at, strict=True)]

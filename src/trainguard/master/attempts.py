@@ -164,6 +164,7 @@ class Attempts:
         rep.pid, rep.run_id = ev.pid, run_id
         rep.started_s, rep.node = ev.time_s, ev.node
         self.maybe_running()
+        self.faults.on_started(ev.replica)
 
     def maybe_running(self) -> None:
         """RUNNING once every replica of the new attempt has started (`running_reason`)."""

@@ -53,24 +53,28 @@ class Faults:
         self.log_dir = log_dir
         self.strict = strict
 
-    def inject(self, inj: Injection) -> None:
-        """Fire one injected fault (recorded as such) into the running attempt."""
+    def inject(self, inj: Injection) -> bool:
+        """Fire one injected fault (recorded as such) into the running attempt. False: its
+        replica is between two runs, and the fault waits for the next (`FaultInjector`)."""
         job, act = self.job, self.act
         if job.phase is not JobState.RUNNING or inj.attempt != job.attempt:
-            return
+            return True
+        rep = job.replicas.get(inj.replica or "")
+        if rep is not None and (rep.pid is None or rep.state.is_terminal):
+            return False
         act.note(inj.replica, "injection", inj.describe())
         act.say(f"injecting a fault: {inj.describe()}")
         if inj.action == "master":
             kill_this_master()
-        rep = job.replicas.get(inj.replica or "")
-        if rep is None or rep.pid is None or rep.state.is_terminal:
-            return
+        if rep is None:
+            return True
         job.injected[rep.plan.name] = inj.text
         if inj.action == "exit":
             self.inbox.pending_exit[rep.plan.name] = int(inj.code or 0)
-            return
+            return True
         sig = signal.SIGSTOP if inj.action == "stop" else int(inj.signal or signal.SIGKILL)
         act.signal(rep.plan.name, sig)
+        return True
 
     async def internal_error(self, exc: Exception) -> bool:
         """A fault of trainguard or its backend: retried as Vertex does (2 more attempts),

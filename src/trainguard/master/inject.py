@@ -1,5 +1,7 @@
 """Fault injection at run time: fires each `--inject` (parsed by `trainguard.spec.injection`)
-once, when its attempt reaches its time or step."""
+once, when its attempt reaches its time or step. A fault due while its replica is between
+two runs (being restarted) lands when the replica runs again: a fault is never lost to
+the timing of an earlier one."""
 
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ class FaultInjector:
     def __init__(
         self,
         injections: list[Injection],
-        fire: Callable[[Injection], None],
+        fire: Callable[[Injection], bool],
         timers: Timers = LOOP_TIMERS,
     ) -> None:
+        """`fire(inj)` returns False when the replica is between runs: it waits for the next."""
         self._pending = list(injections)
+        self._waiting: list[Injection] = []  # due, for a replica between two runs
         self._fire = fire
         self._attempt = -1
         self._later = timers.later
@@ -55,7 +59,14 @@ class FaultInjector:
             if due and mine and inj.attempt == self._attempt:
                 self._once(inj)
 
+    def on_started(self, replica: str) -> None:
+        """`replica` runs again: the faults that came due meanwhile land now."""
+        for inj in [i for i in self._waiting if i.replica == replica]:
+            if inj.attempt == self._attempt and self._fire(inj):
+                self._waiting.remove(inj)
+
     def _once(self, inj: Injection) -> None:
         if inj in self._pending:
             self._pending.remove(inj)
-            self._fire(inj)
+            if not self._fire(inj):
+                self._waiting.append(inj)
