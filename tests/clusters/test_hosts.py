@@ -45,7 +45,7 @@ class World:
         ip = node_label.split("/", 1)[0]
         return next(h.index for h in self.hosts.hosts if h.ip == ip)
 
-    def spec(self, name: str, command: list[str], **extra: Any) -> str:
+    def spec(self, name: str, command: list[str], agents: bool = False, **extra: Any) -> str:
         data = {
             "name": name,
             "backend": "ray",
@@ -54,6 +54,7 @@ class World:
                 "driver_ip": self.hosts[0].ip,
                 "placement_timeout_s": 30,
                 "node_timeout_s": 5,
+                "agents": agents,
             },
             "worker_pools": [{"replicas": 2, "command": command, "resources": {"cpus": 1}}],
             **extra,
@@ -212,10 +213,12 @@ def _steps_in(text: str) -> list[tuple[int, float]]:
     return found
 
 
-def _recover(w: World, tg: TG, name: str, fault: str, storage: str) -> dict[str, float]:
+def _recover(
+    w: World, tg: TG, name: str, fault: str, storage: str, agents: bool = False
+) -> dict[str, float]:
     """Run the DDP job on hosts 1 and 2, take rank 1's host out at step >= 25 (`fault`:
     kill or cut), and return how long each part of the recovery took."""
-    job = w.spec(name, _ddp(w, name), checkpoint={"storage": storage})
+    job = w.spec(name, _ddp(w, name), agents=agents, checkpoint={"storage": storage})
     proc = tg.start("run", "--quiet", "-f", job)
     status = _running(tg, name, proc)
     where = {r["rank"]: w.host_of(r["node"]) for r in status["replicas"]}
@@ -265,6 +268,20 @@ def test_ddp_survives_the_kill_of_a_host_bit_identical(w: World, baseline: Path)
     took = _recover(w, tg, "kill", "kill", str(w.hosts.shared / "kill-ck"))
     print(f"host killed: {json.dumps({k: round(v, 2) for k, v in took.items()})}")
     assert _same_weights(baseline, w.hosts.shared / "kill.pt")
+
+
+@pytest.mark.parametrize("fault", ["kill", "cut"])
+def test_with_node_agents_a_lost_host_is_found_in_3_s_and_ddp_goes_on(
+    w: World, baseline: Path, fault: str
+) -> None:
+    """`ray.agents`: the agent's silence, not Ray, says the host is gone; the restart
+    forks both ranks from the surviving node's warm zygote."""
+    name = f"agents-{fault}"
+    tg = w.master(name)
+    took = _recover(w, tg, name, fault, str(w.hosts.shared / f"{name}-ck"), agents=True)
+    print(f"host {fault} (node agents): {json.dumps({k: round(v, 2) for k, v in took.items()})}")
+    assert took["detected_s"] <= 3.0 + 1.0, took  # 2.5 s of silence, looked at every 0.25 s
+    assert _same_weights(baseline, w.hosts.shared / f"{name}.pt")
 
 
 def test_ddp_survives_a_host_cut_off_the_network(w: World, baseline: Path, s3: str) -> None:

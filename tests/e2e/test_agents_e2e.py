@@ -10,8 +10,10 @@ import asyncio
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +103,13 @@ class World:
 
 
 def _run(
-    tmp_path: Path, scenario: Callable[[World], Awaitable[None]], preload: tuple[str, ...] = ()
+    tmp_path: Path,
+    scenario: Callable[[World], Awaitable[None]],
+    preload: tuple[str, ...] = (),
+    keep_logs: bool = False,
 ) -> None:
     async def main() -> None:
-        w = World(tmp_path, AgentBackend("job-1", "tok", preload=preload))
+        w = World(tmp_path, AgentBackend("job-1", "tok", preload=preload, keep_logs=keep_logs))
         w.address = await w.backend.listen()
         try:
             await scenario(w)
@@ -139,6 +144,28 @@ def test_an_agent_runs_its_nodes_replicas_and_tells_the_master(tmp_path: Path) -
         assert w.backend.last_output_s() > 0
 
     _run(tmp_path, scenario)
+
+
+def test_where_nodes_do_not_see_the_masters_files_the_master_keeps_the_logs(
+    tmp_path: Path,
+) -> None:
+    """`keep_logs` (Ray): the log at the master's path is the master's copy of what the
+    agent sent; the agent's own copy is in the node's temporary folder, not the same file."""
+    log = tmp_path / "attempt-0" / "worker-0.log"
+    node_copy = Path(tempfile.gettempdir(), "trainguard-agent", "job-1", "attempt-0", log.name)
+    node_copy.unlink(missing_ok=True)
+
+    async def scenario(w: World) -> None:
+        await w.agent("n1")
+        await w.backend.wait_for_agents(1, 30)
+        code = "print('one'); print('two', flush=True)"
+        launch = replace(w.launch("worker-0", 0, code), log_path=log)
+        await w.backend.start([launch])
+        await w.until(lambda: w.exit_of("worker-0"), 30, "the exit")
+
+    _run(tmp_path, scenario, keep_logs=True)
+    assert log.read_text() == "one\ntwo\n"
+    assert node_copy.read_text() == "one\ntwo\n"
 
 
 def test_an_agent_forks_its_replicas_from_a_warm_zygote_the_master_asked_for(

@@ -34,6 +34,7 @@ def spec(
     command: list[str],
     cpus: float = 1,
     placement_timeout_s: float = 20,
+    agents: bool = False,
     **extra: Any,
 ) -> str:
     data = {
@@ -43,6 +44,7 @@ def spec(
             "address": cluster.address,
             "driver_ip": LOOPBACK,
             "placement_timeout_s": placement_timeout_s,
+            "agents": agents,
         },
         "worker_pools": [
             {"replicas": replicas, "command": command, "resources": {"cpus": cpus}},
@@ -78,12 +80,16 @@ def _step(tg: TG) -> int:
     return max(steps, default=0)
 
 
+AGENTS = pytest.mark.parametrize("agents", [False, True], ids=["actor-per-rank", "node-agents"])
+"""Both ways replicas run on Ray: an actor per rank, or an agent per node (`ray.agents`)."""
+
+
+@AGENTS
 def test_a_bug_is_not_retried_on_ray(
-    rtg: TG,
-    ray_cluster: RayCluster,
-    tmp_path: Path,
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path, agents: bool
 ) -> None:
-    job = spec(tmp_path, ray_cluster, 2, child("1:sleep:0.5", "1:raise:KeyError", "0:sleep:30"))
+    command = child("1:sleep:0.5", "1:raise:KeyError", "0:sleep:30")
+    job = spec(tmp_path, ray_cluster, 2, command, agents=agents)
     res = rtg("run", "--quiet", "-f", job, timeout=120)
     assert res.returncode == 1, res.stderr
     status = rtg.only_job()
@@ -91,22 +97,37 @@ def test_a_bug_is_not_retried_on_ray(
     assert "KeyError" in status["error_message"]
 
 
+@AGENTS
 def test_cancel_leaves_no_replica_on_any_node(
-    rtg: TG,
-    ray_cluster: RayCluster,
-    tmp_path: Path,
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path, agents: bool
 ) -> None:
     pids = tmp_path / "pid"
-    job = spec(tmp_path, ray_cluster, 3, child(f"*:pidfile:{pids}", "*:forever"))
+    job = spec(tmp_path, ray_cluster, 3, child(f"*:pidfile:{pids}", "*:forever"), agents=agents)
     proc = rtg.start("run", "--quiet", "-f", job)
     wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(3)), 120, "3 replicas")
     started = [int(Path(f"{pids}.{r}").read_text()) for r in range(3)]
     assert all(alive(p) for p in started)
+    # who forked them: their node's agent, or the actor of each rank
+    agent = "trainguard.backends.agent.node"
+    assert all(any(agent in c for c in _forebears(p)) == agents for p in started)
     proc.send_signal(signal.SIGINT)  # Ctrl+C
     proc.communicate(timeout=60)
     assert proc.returncode == 130
     wait_for(lambda: not any(alive(p) for p in started), 15, "every replica to be gone")
     assert rtg.only_job()["state"] == "CANCELLED"
+
+
+def _forebears(pid: int) -> list[str]:
+    """The command lines of the process's parent, its parent's, and so on up."""
+    out = []
+    while pid > 1:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            pid = int(status.split("PPid:")[1].split()[0])
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            break
+    return out
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -126,18 +147,21 @@ def _a_worker_node(cluster: RayCluster) -> int:
     return int(max(n["index"] for n in cluster.nodes()))  # alive, and not the head (0)
 
 
-def _whole_cluster_job(tmp_path: Path, cluster: RayCluster, **extra: Any) -> str:
+def _whole_cluster_job(
+    tmp_path: Path, cluster: RayCluster, agents: bool = False, **extra: Any
+) -> str:
     """3 replicas of 2 cpus: every cpu of the 3 nodes. Attempt 0 waits to be cut down."""
     command = child("*:print:up", "*@0:forever", "*:print:done")
-    return spec(tmp_path, cluster, 3, command, cpus=2, placement_timeout_s=3, **extra)
+    return spec(
+        tmp_path, cluster, 3, command, cpus=2, placement_timeout_s=3, agents=agents, **extra
+    )
 
 
+@AGENTS
 def test_too_few_nodes_left_fails_with_a_clear_message(
-    rtg: TG,
-    ray_cluster: RayCluster,
-    tmp_path: Path,
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path, agents: bool
 ) -> None:
-    proc = rtg.start("run", "--quiet", "-f", _whole_cluster_job(tmp_path, ray_cluster))
+    proc = rtg.start("run", "--quiet", "-f", _whole_cluster_job(tmp_path, ray_cluster, agents))
     _wait_running(rtg, proc)
     ray_cluster.kill_node(_a_worker_node(ray_cluster))
     _, err = proc.communicate(timeout=120)
@@ -173,13 +197,13 @@ def test_too_few_nodes_left_waits_for_capacity_when_asked(
     assert rtg.only_job()["state"] == "SUCCEEDED"
 
 
+@AGENTS
 def test_a_killed_master_takes_its_replicas_along_and_resume_goes_on(
-    rtg: TG,
-    ray_cluster: RayCluster,
-    tmp_path: Path,
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path, agents: bool
 ) -> None:
     pids = tmp_path / "pid"
-    job = spec(tmp_path, ray_cluster, 2, child(f"*@0:pidfile:{pids}", "*@0:forever", "*:print:ok"))
+    command = child(f"*@0:pidfile:{pids}", "*@0:forever", "*:print:ok")
+    job = spec(tmp_path, ray_cluster, 2, command, agents=agents)
     proc = rtg.start("run", "--quiet", "-f", job)
     wait_for(lambda: all(Path(f"{pids}.{r}").is_file() for r in range(2)), 120, "2 replicas")
     started = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
@@ -193,8 +217,9 @@ def test_a_killed_master_takes_its_replicas_along_and_resume_goes_on(
     assert status["state"] == "SUCCEEDED" and status["attempts"] == 2
 
 
+@AGENTS
 def test_a_torchft_group_on_ray_restarts_alone_and_heals_from_its_peer(
-    rtg: TG, ray_cluster: RayCluster, tmp_path: Path
+    rtg: TG, ray_cluster: RayCluster, tmp_path: Path, agents: bool
 ) -> None:
     """torchft's groups, Lighthouse and stores placed on the cluster's nodes (each at its
     node's address); a killed group restarts alone on its node and heals."""
@@ -205,7 +230,7 @@ def test_a_torchft_group_on_ray_restarts_alone_and_heals_from_its_peer(
         "name": "ft-on-ray",
         "framework": "torchft",
         "backend": "ray",
-        "ray": {"address": ray_cluster.address, "driver_ip": LOOPBACK},
+        "ray": {"address": ray_cluster.address, "driver_ip": LOOPBACK, "agents": agents},
         "worker_pools": [
             {
                 "replicas": 2,

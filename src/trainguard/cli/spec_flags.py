@@ -235,11 +235,13 @@ def _many_nodes(data: dict[str, Any]) -> bool:
 
 
 def _agents(data: dict[str, Any], args: argparse.Namespace) -> None:
-    _merged(data, "slurm", args, {"agents": "agents"})
+    """The switches set the agents of the job's engine: Slurm's (on by default) or Ray's."""
+    engine = "ray" if data.get("backend") == "ray" else "slurm"
+    _merged(data, engine, args, {"agents": "agents"})
     if args.no_node_agents:
         if args.agents:
             raise SpecError([f"{flag('agents')} and {flag('no_node_agents')}: give one of them"])
-        data["slurm"] = {**(data.get("slurm") or {}), "agents": False}
+        data[engine] = {**(data.get(engine) or {}), "agents": False}
 
 
 def _progress(data: dict[str, Any], args: argparse.Namespace) -> None:

@@ -182,11 +182,15 @@ def make_backend(
     ending the allocation calls (under salloc no signal tells the master)."""
     backend: Backend
     if spec.backend == "ray":
+        from trainguard.backends.ray.agents import RayAgents
         from trainguard.backends.ray.backend import RayBackend
 
         res = {pool.role: pool.resources for pool in spec.worker_pools}
         needs = {p.name: res[p.role] for p in plan_replicas(spec)}
-        backend = RayBackend(needs, spec.ray, tee=tee, preload=spec.preload)
+        if spec.ray.agents:
+            backend = RayAgents(needs, spec.ray, tee=tee, preload=spec.preload, job=job_id)
+        else:
+            backend = RayBackend(needs, spec.ray, tee=tee, preload=spec.preload)
     elif spec.backend == "slurm":
         from trainguard.backends.slurm.backend import SlurmBackend
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from trainguard.backends.agent import protocol as wire
 from trainguard.backends.interface import (
@@ -82,10 +82,15 @@ class AgentBackend:
         host: str = "127.0.0.1",
         preload: Sequence[str] = (),
         tee: TextIO | None = None,
+        keep_logs: bool = False,
     ) -> None:
         """`preload`: what each agent's zygote imports (the warm start, as on one machine):
-        told in the welcome, so every node runs what the master decided."""
+        told in the welcome, so every node runs what the master decided. `keep_logs`: the
+        nodes do not see the master's files (Ray): the master writes each replica's log
+        from what its agent sends, and the agent keeps its own copy on the node."""
         self.job, self.token, self._host, self._tee = job, token, host, tee
+        self._keep_logs = keep_logs
+        self._logs: dict[str, BinaryIO] = {}  # replica -> the master's copy of its log
         self._preload = list(preload)
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
@@ -201,6 +206,7 @@ class AgentBackend:
             if run is None or run.node != link.node:
                 return  # reported lost with its node already
             del self._runs[ev.replica]
+            self._close_log(ev.replica)
             if ev.evidence.stop_requested and not ev.evidence.log_tail:  # not sent: ours
                 ev = replace(ev, evidence=replace(ev.evidence, log_tail=self.log_tail(ev.replica)))
         self._emit(ev)
@@ -209,6 +215,9 @@ class AgentBackend:
         tail = self._tails[ev.replica]
         for segment in ev.segments:
             tail.append(segment)
+        if (log := self._logs.get(ev.replica)) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                log.write("".join(f"{s}\n" for s in ev.segments).encode(errors="replace"))
         self._last_output[ev.replica] = ev.time_s
         self._newest_output_s = max(self._newest_output_s, ev.time_s)
         if self._tee is not None:  # flushed by the watch, a few times a second
@@ -259,6 +268,7 @@ class AgentBackend:
         text = f"node {link.node} lost: {why}"
         for replica, run in [(r, run) for r, run in self._runs.items() if run.node == link.node]:
             del self._runs[replica]
+            self._close_log(replica)
             ev = ExitEvidence(replica, None, log_tail=self.log_tail(replica), node_lost=text)
             seen_s = time.time() if at_s is None else at_s
             self._emit(ReplicaExited(run.attempt, replica, run.restart, run.pid, ev, seen_s))
@@ -330,6 +340,8 @@ class AgentBackend:
                 continue
             self._runs[launch.replica] = _Run(node, launch.attempt, launch.restart)
             self._tails[launch.replica] = Tail()
+            if self._keep_logs:
+                launch = self._log_here(launch)
             by_node.setdefault(node, []).append(launch)
         for node, group in by_node.items():
             self._links[node].say({"type": "start", **wire.launches_message(group)})
@@ -340,6 +352,20 @@ class AgentBackend:
                 if node not in self._warmed:
                     self._links[node].say({"type": "warm", **like})
                     self._warmed.add(node)
+
+    def _log_here(self, launch: Launch) -> Launch:
+        """The master's copy of the replica's log opened (a new run: a new file), and the
+        launch with the node's copy under the node's own temporary folder (relative)."""
+        self._close_log(launch.replica)
+        with contextlib.suppress(OSError):
+            launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._logs[launch.replica] = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115
+        at = launch.log_path
+        return replace(launch, log_path=Path("trainguard-agent", self.job, at.parent.name, at.name))
+
+    def _close_log(self, replica: str) -> None:
+        if (log := self._logs.pop(replica, None)) is not None:
+            log.close()
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
         by_node: dict[str, list[str]] = {}
@@ -408,6 +434,8 @@ class AgentBackend:
 
     async def close(self) -> None:
         """Each agent is told to close (it stops its replicas first); then the listener ends."""
+        for replica in list(self._logs):
+            self._close_log(replica)
         for link in self._links.values():
             link.say({"type": "close"})
             link.lost = link.lost or "closed"

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backends.agent import protocol as wire
-from trainguard.backends.interface import BackendEvent, ReplicaExited, ReplicaOutput
+from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaOutput
 from trainguard.backends.local.backend import LocalBackend
 
 BEAT_S = 0.5
@@ -142,7 +143,7 @@ class Agent:
     async def _carry_out(self, msg: dict[str, Any]) -> bool:
         kind = msg["type"]
         if kind == "start":
-            launches = wire.launches_of(msg)
+            launches = [_on_this_node(la) for la in wire.launches_of(msg)]
             await self._backend.start(launches)
             self._say_notes()
         elif kind == "warm":
@@ -229,6 +230,14 @@ async def serve(master: str, job: str, node: str, token: str) -> int:
     why = await Agent(reader, writer, [str(m) for m in first["preload"]]).run()
     print(f"trainguard agent on {node}: ended: {why}", file=sys.stderr)
     return 0
+
+
+def _on_this_node(launch: Launch) -> Launch:
+    """A relative log path is one the master keeps the log at itself (it does not see this
+    node's files): the node's own copy goes under this node's temporary folder."""
+    if launch.log_path.is_absolute():
+        return launch
+    return replace(launch, log_path=Path(tempfile.gettempdir()) / launch.log_path)
 
 
 def main(argv: list[str]) -> int:

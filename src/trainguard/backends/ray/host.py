@@ -46,7 +46,7 @@ _CHUNK = 64 * 1024
 _DRAIN_S = 1.0  # how long its last output may take to come once its run is ended
 
 
-def _child_setup(procs_file: str | None) -> Callable[[], None]:
+def child_setup(procs_file: str | None) -> Callable[[], None]:
     """In the child, before exec: join the run's cgroup (so its program starts inside), and
     die if the actor's process dies (ray.kill, node loss)."""
 
@@ -194,7 +194,7 @@ class ReplicaHost:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_child_setup(run.procs_file),
+                preexec_fn=child_setup(run.procs_file),
             )
         except FileNotFoundError:
             where = "working directory" if not os.path.isdir(cwd) else "command"

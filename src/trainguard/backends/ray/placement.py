@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +35,122 @@ def bundle_of(res: Resources) -> dict[str, float]:
     return out
 
 
+def connect(opts: RayOptions) -> Any:
+    """The `ray` module, connected to the cluster `opts` names (once per process)."""
+    import ray
+
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {
+            "address": opts.address,
+            "namespace": "trainguard",
+            "log_to_driver": False,
+            "logging_level": "ERROR",
+        }
+        if opts.driver_ip:
+            kwargs["_node_ip_address"] = opts.driver_ip
+        ray.init(**kwargs)
+    return ray
+
+
+async def channel_host(opts: RayOptions, connected: Callable[[], Any]) -> str:
+    """The master's address in the cluster (`ray.driver_ip`, else the one Ray found for
+    this machine): replicas and agents on other nodes dial it."""
+    if opts.driver_ip:
+        return opts.driver_ip
+    try:
+        ray = await asyncio.to_thread(connected)
+        return str(await asyncio.to_thread(ray.util.get_node_ip_address))
+    except Exception:  # no cluster: the first rendezvous says why, as a failed attempt
+        return "127.0.0.1"
+
+
+async def place_group(
+    ray: Any, bundles: list[dict[str, float]], opts: RayOptions, excluded: Collection[str]
+) -> Any:
+    """A ready placement group of `bundles`, on no `excluded` node; NoCapacity, with what
+    the cluster has free, when it is not ready within `ray.placement_timeout_s`."""
+    from ray.util.placement_group import placement_group
+
+    kwargs: dict[str, Any] = {"strategy": opts.placement_strategy.upper()}
+    if excluded:
+        selector = {"ray.io/node-id": f"!in({','.join(excluded)})"}
+        kwargs["bundle_label_selector"] = [selector] * len(bundles)
+    limit = opts.placement_timeout_s
+    try:
+        pg = await bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
+        await asyncio.wait_for(pg.ready(), limit)
+    except TimeoutError:
+        try:
+            free = await bounded(asyncio.to_thread(ray.available_resources), CALL_S)
+        except TimeoutError:
+            free = {}
+        raise NoCapacity(
+            f"the Ray cluster could not place {len(bundles)} replica(s) "
+            f"({bundles[0]} each) within {limit:g} s; free now: {_short(free)}"
+            + (f"; excluded nodes: {len(excluded)}" if excluded else "")
+        ) from None
+    return pg
+
+
+async def release(ray: Any, actors: Sequence[Any], pg: Any) -> None:
+    """Kill `actors` and free the placement group `pg` (None: none). Each call is bounded:
+    a call into a cluster that just lost a node must not hang the master (it would wait
+    for capacity forever instead of trying again)."""
+
+    def release() -> None:
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    with contextlib.suppress(TimeoutError):
+        await bounded(asyncio.to_thread(release), CALL_S)
+
+
+def with_node_env(
+    launched: Mapping[str, Launch],
+    nodes: Mapping[str, Mapping[str, str]],
+    launches: Sequence[Launch],
+) -> list[Launch]:
+    """`launches` with what the placement gives their environment: torchrun's node
+    variables from which ranks of the attempt (`launched`) share a node, and each node's
+    GPUs (what Ray gave its ranks' actors) for every rank of it."""
+    node_ids = {r: n["node_id"] for r, n in nodes.items()}
+    gpus = {r: tuple(g for g in n.get("gpus", "").split(",") if g) for r, n in nodes.items()}
+    ranks = {r: (la.rank, la.env) for r, la in launched.items()}
+    changes = placed_envs(ranks, node_ids, gpus)
+    out = []
+    for la in launches:
+        env = {**la.env, **changes.get(la.replica, {})}
+        env.pop(OWN_DEVICES, None)  # Ray's ids place them here, not the master's
+        if DEVICES in changes.get(la.replica, {}):
+            env[NODE_DEVICES_ENV] = env[DEVICES]  # the actor sets it, over Ray's own ids
+        out.append(replace(la, env=env))
+    return out
+
+
+async def check_nodes(
+    connected: Callable[[], Any],
+    excluded: Collection[str],
+    placed: Mapping[str, Mapping[str, str]],
+    reason: str,
+) -> tuple[NodeCheckOutcome, dict[str, str]]:
+    """The node check on every alive node not `excluded` (`ray.node_check`), and the nodes
+    to keep out, while as many nodes as the last placement (`placed`) used are left."""
+    try:
+        ray = await asyncio.to_thread(connected)
+        alive = await bounded(asyncio.to_thread(alive_nodes, ray), CALL_S)
+        nodes = {i: a for i, a in alive.items() if i not in excluded}
+        need = len({n["node_id"] for n in placed.values()}) or 1
+        return await check_cluster(ray, nodes, need, reason)
+    except Exception as exc:  # no cluster, a call that failed: the retry goes on
+        return NodeCheckOutcome(f"node check after {reason} could not run: {exc}", ran=False), {}
+
+
 class Placement:
     """The placement group and actors of the current attempt, kept while no node is lost."""
 
@@ -55,31 +171,11 @@ class Placement:
 
     def connect(self) -> Any:
         if self.ray is None:
-            import ray
-
-            if not ray.is_initialized():
-                kwargs: dict[str, Any] = {
-                    "address": self._opts.address,
-                    "namespace": "trainguard",
-                    "log_to_driver": False,
-                    "logging_level": "ERROR",
-                }
-                if self._opts.driver_ip:
-                    kwargs["_node_ip_address"] = self._opts.driver_ip
-                ray.init(**kwargs)
-            self.ray = ray
+            self.ray = connect(self._opts)
         return self.ray
 
     async def channel_host(self) -> str:
-        """The master's address in the cluster (`ray.driver_ip`, else the one Ray found for
-        this machine): replicas on other nodes call the SDK channel there."""
-        if self._opts.driver_ip:
-            return self._opts.driver_ip
-        try:
-            ray = await asyncio.to_thread(self.connect)
-            return str(await asyncio.to_thread(ray.util.get_node_ip_address))
-        except Exception:  # no cluster: the first rendezvous says why, as a failed attempt
-            return "127.0.0.1"
+        return await channel_host(self._opts, self.connect)
 
     async def rendezvous(self) -> tuple[str, int]:
         """A new placement group and actors for the attempt; rank 0's node and a port."""
@@ -89,29 +185,10 @@ class Placement:
             return again
         await self.release()
         self._stale = False
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundles = [bundle_of(r) for r in self._needs.values()]
-        kwargs: dict[str, Any] = {"strategy": self._opts.placement_strategy.upper()}
-        if self._excluded:
-            selector = {"ray.io/node-id": f"!in({','.join(self._excluded)})"}
-            kwargs["bundle_label_selector"] = [selector] * len(bundles)
-        limit = self._opts.placement_timeout_s
-        try:
-            self._pg = await bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
-            await asyncio.wait_for(self._pg.ready(), limit)
-        except TimeoutError:
-            try:
-                free = await bounded(asyncio.to_thread(ray.available_resources), CALL_S)
-            except TimeoutError:
-                free = {}
-            raise NoCapacity(
-                f"the Ray cluster could not place {len(bundles)} replica(s) "
-                f"({bundles[0]} each) within {self._opts.placement_timeout_s:g} s; "
-                f"free now: {_short(free)}"
-                + (f"; excluded nodes: {len(self._excluded)}" if self._excluded else "")
-            ) from None
+        self._pg = await place_group(ray, bundles, self._opts, self._excluded)
         host = ray.remote(ReplicaHost)
         for i, (name, bundle) in enumerate(zip(self._needs, bundles, strict=True)):
             self.actors[name] = host.options(
@@ -166,20 +243,7 @@ class Placement:
         attempt = launches[0].attempt if launches else -1
         self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
         self._launched.update({la.replica: la for la in launches})
-        nodes = {r: n["node_id"] for r, n in self.nodes.items()}
-        gpus = {
-            r: tuple(g for g in n.get("gpus", "").split(",") if g) for r, n in self.nodes.items()
-        }
-        ranks = {r: (la.rank, la.env) for r, la in self._launched.items()}
-        changes = placed_envs(ranks, nodes, gpus)
-        out = []
-        for la in launches:
-            env = {**la.env, **changes.get(la.replica, {})}
-            env.pop(OWN_DEVICES, None)  # Ray's ids place them here, not the master's
-            if DEVICES in changes.get(la.replica, {}):
-                env[NODE_DEVICES_ENV] = env[DEVICES]  # the actor sets it, over Ray's own ids
-            out.append(replace(la, env=env))
-        return out
+        return with_node_env(self._launched, self.nodes, launches)
 
     def exclude_node_of(self, replica: str) -> str | None:
         """Keep the node `replica` was lost on out of later attempts; why, or None if it
@@ -196,14 +260,7 @@ class Placement:
         """The node check on every alive node not yet kept out (`ray.node_check`); a bad
         node is kept out of the next placement while as many nodes as the last one used
         are left."""
-        try:
-            ray = await asyncio.to_thread(self.connect)
-            alive = await bounded(asyncio.to_thread(alive_nodes, ray), CALL_S)
-            nodes = {i: a for i, a in alive.items() if i not in self._excluded}
-            need = len({n["node_id"] for n in self.nodes.values()}) or 1
-            found, out = await check_cluster(ray, nodes, need, reason)
-        except Exception as exc:  # no cluster, a call that failed: the retry goes on
-            return NodeCheckOutcome(f"node check after {reason} could not run: {exc}", ran=False)
+        found, out = await check_nodes(self.connect, self._excluded, self.nodes, reason)
         self._excluded.update(out)
         self._stale = self._stale or bool(out)
         return found
@@ -245,26 +302,10 @@ class Placement:
         return int(await bounded(actor.free_port.remote(), CALL_S))
 
     async def release(self) -> None:
-        """Kill the last attempt's actors (their replicas die with them) and free its group.
-
-        Each call is bounded: a call into a cluster that just lost a node must not hang
-        the master (it would wait for capacity forever instead of trying again)."""
-        ray = self.ray
+        """Kill the last attempt's actors (their replicas die with them) and free its group."""
         actors, self.actors = list(self.actors.values()), {}
         pg, self._pg = self._pg, None
-
-        def release() -> None:
-            for actor in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-            if pg is not None:
-                from ray.util.placement_group import remove_placement_group
-
-                with contextlib.suppress(Exception):
-                    remove_placement_group(pg)
-
-        with contextlib.suppress(TimeoutError):
-            await bounded(asyncio.to_thread(release), CALL_S)
+        await release(self.ray, actors, pg)
 
 
 def _short(free: Mapping[str, float]) -> str:
