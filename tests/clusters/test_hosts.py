@@ -293,35 +293,43 @@ def test_ddp_survives_a_host_cut_off_the_network(w: World, baseline: Path, s3: s
     assert _same_weights(baseline, w.hosts.shared / "cut.pt")
 
 
-def test_storage_a_host_cannot_see_fails_before_training(w: World) -> None:
+@pytest.mark.parametrize("agents", [False, True], ids=["actor-per-rank", "node-agents"])
+def test_storage_a_host_cannot_see_fails_before_training(w: World, agents: bool) -> None:
     """The default storage is a folder on the master's disk: host 1 and 2 see none of it."""
-    tg = w.master("unseen")
-    res = tg("run", "--quiet", "-f", w.spec("unseen", _ddp(w, "unseen")), timeout=180)
+    name = "unseen-agents" if agents else "unseen"
+    tg = w.master(name)
+    res = tg("run", "--quiet", "-f", w.spec(name, _ddp(w, name), agents=agents), timeout=180)
     assert res.returncode != 0
-    status = tg.json("status", "unseen")
+    status = tg.json("status", name)
     assert status["state"] == "FAILED"
     message = status["error_message"] or ""
     assert "does not see the checkpoint storage" in message, status
     assert "tg-host-1" in message or "tg-host-2" in message, message
-    assert "/tmp/tg-home-unseen" in message, message
-    assert "step 1 " not in tg("logs", "unseen", "--tail", "50").stdout  # nothing trained
+    assert f"/tmp/tg-home-{name}" in message, message
+    assert "step 1 " not in tg("logs", name, "--tail", "50").stdout  # nothing trained
 
 
-def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(w: World, baseline: Path) -> None:
+@pytest.mark.parametrize("agents", [False, True], ids=["actor-per-rank", "node-agents"])
+def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(
+    w: World, baseline: Path, agents: bool
+) -> None:
     """Rank 1 stalls inside step 20 on its host; rank 0 waits for it in the all-reduce. Both
     stop heartbeating: the hang is found from the silence, the stacks are taken on each
-    rank's own host, rank 1 is named, and the job resumes from the reported checkpoint."""
-    tg = w.master("hang")
-    command = _ddp(w, "hang", "--hang-at-step", "20")
-    storage = {"storage": str(w.hosts.shared / "hang-ck")}
-    job = w.spec("hang", command, checkpoint=storage, fault_tolerance={"job_hang_interval_s": 5})
+    rank's own host (by its actor, or by its node's agent), rank 1 is named, and the job
+    resumes from the reported checkpoint."""
+    name = "hang-agents" if agents else "hang"
+    tg = w.master(name)
+    command = _ddp(w, name, "--hang-at-step", "20")
+    storage = {"storage": str(w.hosts.shared / f"{name}-ck")}
+    ft = {"job_hang_interval_s": 5}
+    job = w.spec(name, command, agents=agents, checkpoint=storage, fault_tolerance=ft)
     res = tg("run", "--quiet", "-f", job, timeout=300)
     assert res.returncode == 0, res.stderr
-    (rec,) = tg.json("records", "hang")
+    (rec,) = tg.json("records", name)
     assert (rec["failure_class"], rec["replica"]) == ("hang", "worker-1"), rec
     # the one the hang was decided on (a slow start-up may have left a cleared one before it)
     (snap,) = [
-        s for s in tg.json("stacks", "hang", "--attempt", "0") if s["id"] == rec["snapshot_id"]
+        s for s in tg.json("stacks", name, "--attempt", "0") if s["id"] == rec["snapshot_id"]
     ]
     assert snap["culprits"] == ["worker-1"], snap["summary"]
     by_replica = {s["replica"]: s for s in snap["snapshots"]}
@@ -329,11 +337,11 @@ def test_a_rank_hung_on_a_remote_host_is_named_and_recovered(w: World, baseline:
     assert "_stall_forever" in json.dumps(by_replica["worker-1"]), by_replica["worker-1"]
     states = {r["replica"]: r["state"] for r in snap["report"]["replicas"]}
     assert states["worker-0"] == "communication", states
-    status = tg.json("status", "hang")
+    status = tg.json("status", name)
     nodes = {r["name"]: w.host_of(r["node"]) for r in status["replicas"]}
     assert sorted(nodes.values()) == [1, 2], nodes  # hosts the master is not on
-    assert "resumed from reported checkpoint" in tg("logs", "hang", "--tail", "200").stdout
-    assert _same_weights(baseline, w.hosts.shared / "hang.pt")
+    assert "resumed from reported checkpoint" in tg("logs", name, "--tail", "200").stdout
+    assert _same_weights(baseline, w.hosts.shared / f"{name}.pt")
 
 
 def _kill_to_step(tg: TG, name: str) -> float:

@@ -38,6 +38,7 @@ from trainguard.backends.net import free_port
 from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.classify.logtail import Tail
 from trainguard.hangs.stack_model import ReplicaStacks
+from trainguard.storage.env import ENV_FAULTHANDLER_FILE
 
 AGENT_SILENT_S = 2.5
 """An agent silent this long is a lost node (it beats every `node.BEAT_S`, 0.5 s: five
@@ -91,6 +92,7 @@ class AgentBackend:
         self.job, self.token, self._host, self._tee = job, token, host, tee
         self._keep_logs = keep_logs
         self._logs: dict[str, BinaryIO] = {}  # replica -> the master's copy of its log
+        self._node_stacks: dict[str, str] = {}  # replica -> its stack dumps' file, relative
         self._preload = list(preload)
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
@@ -361,7 +363,13 @@ class AgentBackend:
             launch.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._logs[launch.replica] = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115
         at = launch.log_path
-        return replace(launch, log_path=Path("trainguard-agent", self.job, at.parent.name, at.name))
+        node_dir = Path("trainguard-agent", self.job, at.parent.name)
+        env = dict(launch.env)
+        if stacks := env.get(ENV_FAULTHANDLER_FILE):
+            self._node_stacks[launch.replica] = env[ENV_FAULTHANDLER_FILE] = str(
+                node_dir / Path(stacks).name
+            )
+        return replace(launch, log_path=node_dir / at.name, env=env)
 
     def _close_log(self, replica: str) -> None:
         if (log := self._logs.pop(replica, None)) is not None:
@@ -410,7 +418,11 @@ class AgentBackend:
             by_node.setdefault(run.node if run else "", []).append(target)
 
         async def on(node: str, group: list[tuple[str, int, int]]) -> list[ReplicaStacks]:
-            files = {r: str(faulthandler_files[r]) for r, _, _ in group if r in faulthandler_files}
+            files = {
+                r: self._node_stacks.get(r, str(faulthandler_files[r]))
+                for r, _, _ in group
+                if r in faulthandler_files
+            }
             order = {"type": "stacks", "targets": group, "timeout_s": timeout_s}
             answer = None
             if node:

@@ -26,6 +26,9 @@ from typing import Any
 from trainguard.backends.agent import protocol as wire
 from trainguard.backends.interface import BackendEvent, Launch, ReplicaExited, ReplicaOutput
 from trainguard.backends.local.backend import LocalBackend
+from trainguard.backends.storage_check import storage_problem
+from trainguard.classify.classes import ExitEvidence
+from trainguard.storage.env import ENV_CHECKPOINT_DIR, ENV_FAULTHANDLER_FILE, ENV_STORAGE_CHECK
 
 BEAT_S = 0.5
 """How often each side says it is alive."""
@@ -57,6 +60,7 @@ class Agent:
         self._noted = 0  # warm start notes sent
         self._fatal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._storage_seen: set[tuple[str, str]] = set()  # (storage, marker) read back here
 
     def _on_event(self, ev: BackendEvent) -> None:
         """From the local backend, never blocking: output past the bound is dropped."""
@@ -124,6 +128,25 @@ class Agent:
             self._outbox.append({"type": "beat", "time_s": time.time()})
             self._ready.set()
 
+    async def _seeing_storage(self, launches: list[Launch]) -> list[Launch]:
+        """The launches this node sees the checkpoint storage of (the master's marker, read
+        back once per storage); each other one exits at once, with why (`storage_check`):
+        a replica here would find no checkpoint and start again from step 0."""
+        out = []
+        for la in launches:
+            key = (la.env.get(ENV_CHECKPOINT_DIR, ""), la.env.get(ENV_STORAGE_CHECK, ""))
+            if key not in self._storage_seen:
+                problem = await asyncio.to_thread(storage_problem, la.env)
+                if problem is not None:
+                    ev = ExitEvidence(la.replica, None, spawn_error=problem)
+                    self._on_event(
+                        ReplicaExited(la.attempt, la.replica, la.restart, None, ev, time.time())
+                    )
+                    continue
+                self._storage_seen.add(key)
+            out.append(la)
+        return out
+
     async def _obey(self, msg: dict[str, Any]) -> bool:
         """One order of the master; False once it says close. An order that fails is
         answered so (its `error`); a start that fails ends the agent, so the master finds
@@ -144,7 +167,7 @@ class Agent:
         kind = msg["type"]
         if kind == "start":
             launches = [_on_this_node(la) for la in wire.launches_of(msg)]
-            await self._backend.start(launches)
+            await self._backend.start(await self._seeing_storage(launches))
             self._say_notes()
         elif kind == "warm":
             await self._backend.warm(wire.launches_of(msg))
@@ -157,7 +180,7 @@ class Agent:
             self._outbox.append({"type": "done", "id": msg["id"], "ok": ok})
         elif kind == "stacks":  # taken here, where the pids are this node's
             targets = [(str(r), int(rank), int(pid)) for r, rank, pid in msg["targets"]]
-            files = {str(r): Path(p) for r, p in msg["faulthandler_files"].items()}
+            files = {str(r): _here(Path(p)) for r, p in msg["faulthandler_files"].items()}
             stacks = await self._backend.dump_stacks(targets, float(msg["timeout_s"]), files)
             self._outbox.append(
                 {"type": "done", "id": msg["id"], "stacks": [s.to_dict() for s in stacks]}
@@ -232,12 +255,20 @@ async def serve(master: str, job: str, node: str, token: str) -> int:
     return 0
 
 
+def _here(path: Path) -> Path:
+    """A relative path is one the master does not see on this node (it keeps the log
+    itself): the node's own file goes under this node's temporary folder."""
+    return path if path.is_absolute() else Path(tempfile.gettempdir()) / path
+
+
 def _on_this_node(launch: Launch) -> Launch:
-    """A relative log path is one the master keeps the log at itself (it does not see this
-    node's files): the node's own copy goes under this node's temporary folder."""
+    """The launch with its node files (log, stack dumps) where this node keeps them."""
     if launch.log_path.is_absolute():
         return launch
-    return replace(launch, log_path=Path(tempfile.gettempdir()) / launch.log_path)
+    env = dict(launch.env)
+    if stacks := env.get(ENV_FAULTHANDLER_FILE):
+        env[ENV_FAULTHANDLER_FILE] = str(_here(Path(stacks)))
+    return replace(launch, log_path=_here(launch.log_path), env=env)
 
 
 def main(argv: list[str]) -> int:
