@@ -4,12 +4,13 @@ advances it, and a report comes exactly when it is due (zero real time)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from fakes import FakeClock
 
 from trainguard.hangs.watch import HangDetected, HangWatch
-from trainguard.timers import LOOP_TIMERS
+from trainguard.timers import LOOP_TIMERS, Timer
 
 
 def _watch(
@@ -140,6 +141,38 @@ def test_the_interval_counts_once_every_replica_has_shown_life() -> None:
     assert watch.pending() == frozenset() and watch.startup_left() == 0
     clock.advance(0.35)
     assert [h.kind for h in seen] == ["hang"]
+
+
+def test_a_first_sign_of_life_sets_the_timer_again_only_when_it_was_the_last_awaited() -> None:
+    """1,024 ranks' first lines (or a stop's exits) set the timer once, not 1,024 times:
+    while others are awaited, the allowance's end stands; the last one ends the allowance."""
+    clock, seen, set_at = FakeClock(), list[HangDetected](), list[float]()
+
+    class Counted:
+        def later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+            set_at.append(clock() + delay_s)
+            return clock.later(delay_s, fn)
+
+    watch = HangWatch(
+        enabled=True,
+        interval_s=0.2,
+        post=seen.append,
+        output_activity=lambda: 0.0,
+        clock=clock,
+        startup_timeout_s=60,
+        timers=Counted(),
+    )
+    names = [f"worker-{i}" for i in range(100)]
+    watch.arm(0, names)
+    assert set_at == [pytest.approx(1060.0)]  # the allowance's end
+    for name in names[:-1]:
+        watch.alive(name)
+    assert len(set_at) == 1 and clock.pending() == [pytest.approx(1060.0)]
+    clock.advance(0.1)
+    watch.alive(names[-1])  # the interval counts from now on
+    assert len(set_at) == 2 and clock.pending() == [pytest.approx(1000.2)]
+    clock.advance(0.15)
+    assert [h.kind for h in seen] == ["hang"] and seen[0].idle_s == pytest.approx(0.2)
 
 
 def test_a_silent_start_up_past_the_allowance_is_a_hang_when_one_replica_spoke() -> None:

@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import random
 import signal
 from pathlib import Path
 
+import pytest
 from fakes import FakeBackend, FakeClock, make_master, pass_time
 
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.events import CapacityRetry, Transition
 from trainguard.master.loop import Master
+from trainguard.master.state import MasterState
 from trainguard.policy.actions import Expire, FailJob, GiveUpReplica, Ignore, RestartJob, Succeed
+from trainguard.policy.job_rules import JobView
 from trainguard.records.explain import print_explain
 from trainguard.records.queries import StoreReader
+from trainguard.spec.models import JobSpec
 from trainguard.states import JobState
 
 
@@ -95,6 +100,37 @@ def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
         assert len(be.launches) == 2
         turns = await _turns(m)  # the two ReplicaStarted events
         assert turns[-1].after is JobState.RUNNING
+        await m.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_start_builds_no_view_of_the_job_while_a_replica_is_still_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each start asks whether the attempt runs now; while a replica is still starting it
+    does not, whatever the rest: 64 starts in any order build one view, not 64 of 64."""
+
+    async def scenario() -> None:
+        be = FakeBackend()
+        pools = [{"role": "worker", "replicas": 64, "command": ["x"]}]
+        m, _ = make_master(tmp_path, be, worker_pools=pools)
+        views: list[JobView] = []
+        view = MasterState.view
+
+        def counted(job: MasterState, spec: JobSpec, all_done: bool = False) -> JobView:
+            views.append(view(job, spec, all_done))
+            return views[-1]
+
+        monkeypatch.setattr(MasterState, "view", counted)
+        await m.begin()
+        started = m.actions.take_queued()
+        random.Random(7).shuffle(started)
+        for ev in started:
+            m.post(ev)
+        turns = await _turns(m)
+        assert [t.after for t in turns] == [JobState.PENDING] * 63 + [JobState.RUNNING]
+        assert len(views) == 1  # at the last start, which made it RUNNING
         await m.shutdown()
 
     asyncio.run(scenario())

@@ -146,6 +146,19 @@ def failed_before_stop(ev: ExitEvidence, rules: Rules | None = None) -> Classifi
     return replace(own, notes=(*own.notes, "it had failed on its own when the stop reached it"))
 
 
+def quiet_stop(ev: ExitEvidence) -> Classification | None:
+    """A stop's exit that shows no failure of its own (no traceback at the end of its
+    tail): what `failed_before_stop`, then `classify_exit`, make of it whatever the rules and
+    whatever the master adds to the evidence (the rules and the annotations are never
+    read on this path). None: classify it in full. A stop of 1,024 ranks settles 1,023
+    such exits while the restart waits."""
+    if not ev.stop_requested or ev.returncode in (None, 0) or ev.node_lost is not None:
+        return None
+    if may_end_in_traceback(ev.log_tail, _DYING_WORDS):
+        return None  # it may have been dying of its own error
+    return classify_exit(ev)
+
+
 def own_spawn_failure(replica: str, code: int) -> Classification:
     """The master's machine ran out of something starting the replica (EMFILE, EAGAIN):
     an internal error of this machine, retried as one; never the job's nor a node's."""

@@ -86,10 +86,14 @@ class HangWatch:
         self._look()
 
     def alive(self, replica: str) -> None:
-        """A replica's first sign of life (a line of output, an SDK call)."""
+        """A replica's first sign of life (a line of output, an SDK call). It shortens the
+        wait only when it was the last one awaited (the start-up allowance then ends):
+        before that, the timer stands, and when it fires it looks again from the newest
+        activity (1,024 ranks' first lines, or a stop's exits, set it once, not 1,024 times)."""
         if replica in self._pending:
             self._pending.discard(replica)
-            self._look()
+            if not self._pending:
+                self._look()
         elif not self._armed:
             self._seen.add(replica)
 

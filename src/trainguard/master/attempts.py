@@ -33,7 +33,7 @@ from trainguard.master.state import MasterState
 from trainguard.policy.actions import Expire, RestartJob, RestartReplica, describe
 from trainguard.policy.budgets import Failure
 from trainguard.policy.gpus import GpuPool, NotEnoughGpus
-from trainguard.policy.job_rules import capacity_wait_start, running_reason
+from trainguard.policy.job_rules import capacity_wait_start, holds_running, running_reason
 from trainguard.policy.verdicts import (
     decide_capacity_wait,
     decide_no_capacity,
@@ -81,6 +81,8 @@ class Attempts:
         self.hangs, self.faults = hangs, faults
         self.node_ledger, self.rec = node_ledger, rec
         self.services_first = services_first
+        self._slots: list[ReplicaSlot] = []  # the job's replicas, in order (`_holder`)
+        self._held_at = 0  # where `_holder` found one last
 
     async def start_attempt(self) -> Decided | None:
         job, act = self.job, self.act
@@ -116,9 +118,9 @@ class Attempts:
             rep.started_s, rep.node = None, None
         if job.pending is not None:
             job.pending.start_begin_s = act.now()
-        launches = []
+        launches, channel = [], self._channel()
         for i, rep in enumerate(job.replicas.values(), 1):
-            launches.append(self.launch(rep))
+            launches.append(self.launch(rep, channel))
             if i % _LAUNCH_BATCH == 0:
                 await asyncio.sleep(0)  # a large job: SIGTERM and cancel are heard meanwhile
         job.groups_down.clear()
@@ -126,8 +128,17 @@ class Attempts:
         await act.start(launches)
         return None
 
-    def launch(self, rep: ReplicaSlot) -> Launch:
-        """The launch of `rep`'s next run in the current attempt."""
+    def launch(self, rep: ReplicaSlot, channel: dict[str, str] | None = None) -> Launch:
+        """The launch of `rep`'s next run in the current attempt; `channel`: `_channel()`,
+        made once for all the replicas an attempt starts."""
+        channel = self._channel() if channel is None else channel
+        devices = self.gpus.visible_devices(rep.plan.name)
+        return self.launches.build(
+            rep.plan, self.job.attempt, rep.restarts, self.job.rendezvous, channel, devices
+        )
+
+    def _channel(self) -> dict[str, str]:
+        """The SDK channel's variables of the current attempt (the same for every replica)."""
         channel = {
             env.ENV_MASTER_URL: self.sdk.url,
             env.ENV_TOKEN: self.sdk.token,
@@ -138,10 +149,7 @@ class Attempts:
         }
         if self.job.storage_check:  # a host that cannot read it back refuses to start
             channel[env.ENV_STORAGE_CHECK] = self.job.storage_check
-        devices = self.gpus.visible_devices(rep.plan.name)
-        return self.launches.build(
-            rep.plan, self.job.attempt, rep.restarts, self.job.rendezvous, channel, devices
-        )
+        return channel
 
     def on_started(self, ev: ReplicaStarted) -> None:
         rep = self.job.current(ev.attempt, ev.replica, ev.restart)
@@ -169,6 +177,8 @@ class Attempts:
     def maybe_running(self) -> None:
         """RUNNING once every replica of the new attempt has started (`running_reason`)."""
         job = self.job
+        if self._holder() is not None:
+            return  # not yet, whatever the rest: no view of every replica at every start
         reason = running_reason(job.view(self.spec))
         if reason is None:
             return
@@ -181,6 +191,21 @@ class Attempts:
         live = [n for n, r in job.replicas.items() if r.state is ReplicaState.RUNNING]
         self.hangs.arm(job.attempt, live)
         self.faults.arm(job.attempt)
+
+    def _holder(self) -> ReplicaSlot | None:
+        """A replica that keeps the attempt from RUNNING (`holds_running`), if any. The one
+        found last is asked first, then the next ones in order (replicas mostly start in
+        the order they are listed): 1,024 starts cost about 1,024 looks, not a million."""
+        slots = self._slots
+        if len(slots) != len(self.job.replicas):
+            slots = self._slots = list(self.job.replicas.values())
+        n = len(slots)
+        for k in range(n):
+            i = (self._held_at + k) % n
+            if holds_running(slots[i].state):
+                self._held_at = i
+                return slots[i]
+        return None
 
     def on_first_output(self, ev: ReplicaFirstOutput) -> None:
         job = self.job

@@ -12,6 +12,7 @@ from trainguard.classify.classes import ExitEvidence, ExitKind
 from trainguard.classify.exits import (
     classify_exit,
     failed_before_stop,
+    quiet_stop,
 )
 from trainguard.hangs.group_watch import GroupedHangWatch
 from trainguard.hangs.watch import HangDetected
@@ -84,11 +85,14 @@ class Exits:
         rep = job.current(ev.attempt, ev.replica, ev.restart)
         if rep is not None:
             self.output_progress.flush()  # its last step, before what its exit costs
-        evidence = ev.evidence if rep is None else self._annotated(rep, ev)
-        rules = self.failures.rules() if rep is not None else None
-        c = classify_exit(evidence, rules)
-        if rep is not None:
-            c = failed_before_stop(evidence, rules) or c
+        evidence = ev.evidence
+        c = quiet_stop(evidence)  # what the rules and the annotations would not change
+        if c is None:
+            evidence = evidence if rep is None else self._annotated(rep, ev)
+            rules = self.failures.rules() if rep is not None else None
+            c = classify_exit(evidence, rules)
+            if rep is not None:
+                c = failed_before_stop(evidence, rules) or c
         state = exit_state(c.kind)
         run_id = rep.run_id if rep is not None else None
         unseen = rep is not None and rep.state is ReplicaState.STARTING

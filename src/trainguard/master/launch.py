@@ -44,7 +44,7 @@ class LaunchBuilder:
     def log_path(self, attempt: int, replica: str, restart: int) -> Path:
         """One file per replica per attempt; a replica restarted alone gets `.rN`."""
         suffix = f".r{restart}" if restart else ""
-        return self.log_dir / f"attempt-{attempt}" / f"{replica}{suffix}.log"
+        return self.log_dir.joinpath(f"attempt-{attempt}", f"{replica}{suffix}.log")  # one join
 
     def build(
         self,

@@ -77,13 +77,19 @@ def running_reason(view: JobView) -> str | None:
         return None
     states = [state for _, state in view.replicas]
     running = states.count(ReplicaState.RUNNING)
-    if ReplicaState.STARTING in states or not running:
+    if any(map(holds_running, states)) or not running:
         return None
     n = len(states)
     what = f"all {n} replicas running"
     if running < n:
         what = f"all {n} replicas started, {n - running} already exited"
     return f"attempt {view.attempt}: {what}"
+
+
+def holds_running(state: ReplicaState) -> bool:
+    """Whether one replica in `state` keeps its attempt from RUNNING, whatever the others
+    (`running_reason` is None): while one does, the master need not build a view to ask."""
+    return state is ReplicaState.STARTING
 
 
 def success_after_give_up(view: JobView) -> Succeed | None:
