@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hosts import env_value
 
+from trainguard.backends.guardian import TOKEN_ENV as GUARDIAN_TOKEN
 from trainguard.backends.net import free_port
 
 if TYPE_CHECKING:
@@ -83,17 +84,34 @@ def _session_of(pid: int) -> int | None:
 
 def _processes(session: int, temp_dir: str) -> list[int]:
     """A node's live processes: those of its launcher's session, and those carrying MARKER,
-    which finds what actors started in sessions of their own."""
-    found = []
+    which finds what actors started in sessions of their own; and what the node's
+    guardians watch (a node agent's replicas get the master's environment, not the
+    node's: they carry their guardian's token instead)."""
+    found, tokens, marked = [], set(), {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             pid = int(entry.name)
             in_session = _session_of(pid)
-            if in_session is not None and (
-                in_session == session or env_value(pid, MARKER) == temp_dir
-            ):
+            if in_session is None:
+                continue
+            if in_session == session or env_value(pid, MARKER) == temp_dir:
                 found.append(pid)
-    return found
+                tokens.add(_guardian_token(pid))
+            elif (token := env_value(pid, GUARDIAN_TOKEN)) is not None:
+                marked[pid] = token
+    return found + [pid for pid, token in marked.items() if token in tokens]
+
+
+def _guardian_token(pid: int) -> str | None:
+    """The token a guardian process watches for (its command line names it), else None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    names = [a.decode(errors="replace") for a in argv]
+    if GUARDIAN_TOKEN in names and names.index(GUARDIAN_TOKEN) + 1 < len(names):
+        return names[names.index(GUARDIAN_TOKEN) + 1]
+    return None
 
 
 def _kill(pid: int) -> None:
@@ -140,8 +158,12 @@ class RayCluster:
         num_nodes: int = 3,
         system_config: dict[str, Any] | None = None,
         hosts: Hosts | None = None,
+        num_gpus: int = 0,
     ) -> None:
+        """`num_gpus`: GPUs each node says it has (Ray's logical resource: none need be
+        there, and Ray still hands out their ids)."""
         self.root = root
+        self.num_gpus = num_gpus
         self.hosts = hosts
         self.num_nodes = num_nodes if hosts is None else hosts.count
         self.num_cpus = num_cpus
@@ -208,7 +230,7 @@ class RayCluster:
                 if isinstance(self.num_cpus, int)
                 else self.num_cpus[host.index if host else index]
             ),
-            "num_gpus": 0,
+            "num_gpus": self.num_gpus,
             "resources": {f"node_{index}": 1},
             "object_store_memory": OBJECT_STORE_BYTES,
             "temp_dir": str(temp_dir),

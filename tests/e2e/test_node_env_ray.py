@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 NODES, PER_NODE = 3, 2
 
 
+@pytest.mark.parametrize("node_agents", [False, True], ids=["actor-per-rank", "node-agents"])
 def test_every_rank_on_ray_gets_what_torchrun_gives_the_same_layout(
-    tg: TG, ray_cluster: RayCluster, tmp_path: Path
+    tg: TG, ray_cluster: RayCluster, tmp_path: Path, node_agents: bool
 ) -> None:
     ray_cluster.heal()
     tg.env.update(DRIVER_ENV)
@@ -45,6 +46,7 @@ def test_every_rank_on_ray_gets_what_torchrun_gives_the_same_layout(
             "driver_ip": LOOPBACK,
             "placement_strategy": "pack",
             "placement_timeout_s": 60,
+            "agents": node_agents,
         },
         "worker_pools": [
             {

@@ -88,6 +88,21 @@ def test_a_start_without_capacity_fails_when_waiting_is_off(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
+def test_a_run_whose_first_start_finds_no_capacity_ends_at_once(tmp_path: Path) -> None:
+    """`run`, not `begin`: the loop ended the job at its first start, and waited for an
+    event that never came (a Ray cluster too small, a machine without the GPUs asked)."""
+
+    async def scenario() -> None:
+        be = FakeBackend()
+        be.no_capacity = "no node has 8 GPUs"
+        m, store = make_master(tmp_path, be)
+        await asyncio.wait_for(m.run(), 10)
+        assert m.state is JobState.FAILED
+        assert store.job("job-1").error_code == "CAPACITY"
+
+    asyncio.run(scenario())
+
+
 def test_capacity_back_starts_the_attempt(tmp_path: Path) -> None:
     async def scenario() -> None:
         be = FakeBackend()

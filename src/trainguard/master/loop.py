@@ -163,6 +163,7 @@ class Master:
                     if need_attempt:
                         need_attempt = False
                         await self._start_attempt()
+                        continue  # it may have ended the job (no capacity, no GPUs)
                     await self.step(await self._queue.get())
                 except Exception as exc:  # a fault of trainguard itself, not of the job
                     need_attempt = await self._internal_error(exc)

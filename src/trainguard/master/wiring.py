@@ -160,7 +160,8 @@ def wire(
     snapshots = SnapshotKeeper(job_id, log_dir, keeper, every, say, clock)
     inbox.on_snapshot_stored = snapshots.on_snapshot
     sdk = SdkServer(inbox, new_token())
-    gpus_of = {p.role: p.resources.gpus for p in spec.worker_pools}
+    # This machine's GPUs; on Ray the cluster reserves them (each replica's bundle).
+    gpus_of = {p.role: p.resources.gpus if spec.backend != "ray" else 0 for p in spec.worker_pools}
     gpus = GpuPool([(p.name, gpus_of[p.role]) for p in plans], spec.gpu_inventory)
     ledger = Ledger(rec, gpus, say, backend.isolate_after)
     node_ledger = NodeLedger(rec, job_id, spec, backend, say, clock)

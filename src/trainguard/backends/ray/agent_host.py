@@ -21,6 +21,13 @@ from trainguard.backends.net import free_port
 from trainguard.backends.ray.host import child_setup
 
 
+def gpu_ids_here() -> str:
+    """In a task placed in a replica's bundle: the GPU ids Ray reserved for that bundle."""
+    import ray
+
+    return ",".join(str(g) for g in ray.get_gpu_ids())
+
+
 class AgentHost:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None

@@ -13,8 +13,8 @@ placements. A restart with no node lost keeps the placement group, and forks at 
 The nodes need not see the master's files: the master writes each replica's log from what
 its agent sends (the agent keeps a copy in the node's temporary folder).
 
-What the agents do not have yet: Ray's GPU ids per rank (no actor holds a bundle), so a
-node's ranks are given its GPUs by local rank, as on one machine."""
+Each bundle's GPU ids are read by a short task placed in it: a node's ranks see their
+node's GPUs, in local-rank order, as with an actor per rank."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from trainguard.backends.interface import (
     NodeCheckOutcome,
     ReplicaExited,
 )
-from trainguard.backends.ray.agent_host import AgentHost
+from trainguard.backends.ray.agent_host import AgentHost, gpu_ids_here
 from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
 from trainguard.backends.ray.node_check import alive_nodes
 from trainguard.backends.ray.placement import (
@@ -133,11 +133,35 @@ class RayAgents:
         table = await bounded(asyncio.to_thread(ray.util.placement_group_table, self._pg), CALL_S)
         alive = await bounded(asyncio.to_thread(alive_nodes, ray), CALL_S)
         on = {int(i): str(n) for i, n in table["bundles_to_node_id"].items()}
+        gpus = await self._gpu_ids(ray, bundles)
         self.nodes = {
-            name: {"node_id": on[i], "ip": alive.get(on[i], "?"), "gpus": ""}
+            name: {"node_id": on[i], "ip": alive.get(on[i], "?"), "gpus": gpus.get(name, "")}
             for i, name in enumerate(self._needs)
         }
         await self._join(ray, {n["node_id"]: n for n in self.nodes.values()})
+
+    async def _gpu_ids(self, ray: Any, bundles: Sequence[Mapping[str, float]]) -> dict[str, str]:
+        """replica -> the GPU ids Ray reserved in its bundle, read by a task of no CPU placed
+        there (no actor holds the bundles): each node's ranks get their node's GPUs, in
+        local-rank order, as with an actor per rank."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        probe = ray.remote(gpu_ids_here)
+        asks = {
+            name: probe.options(
+                num_cpus=0,
+                num_gpus=bundle["GPU"],
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i, (name, bundle) in enumerate(zip(self._needs, bundles, strict=True))
+            if bundle.get("GPU")
+        }
+        if not asks:
+            return {}
+        ids = await bounded(asyncio.gather(*asks.values()), self._opts.placement_timeout_s)
+        return {name: str(i) for name, i in zip(asks, ids, strict=True)}
 
     async def _join(self, ray: Any, nodes: Mapping[str, Mapping[str, str]]) -> None:
         """An agent on each of `nodes` (node id -> node) that has none connected; a node
