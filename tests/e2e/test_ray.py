@@ -34,9 +34,10 @@ def spec(
     command: list[str],
     cpus: float = 1,
     placement_timeout_s: float = 20,
-    agents: bool = False,
+    agents: bool | None = None,
     **extra: Any,
 ) -> str:
+    """`agents`: None for the engine's default (`ray.agents`)."""
     data = {
         "name": extra.pop("name", "on-ray"),
         "backend": "ray",
@@ -44,7 +45,7 @@ def spec(
             "address": cluster.address,
             "driver_ip": LOOPBACK,
             "placement_timeout_s": placement_timeout_s,
-            "agents": agents,
+            **({} if agents is None else {"agents": agents}),
         },
         "worker_pools": [
             {"replicas": replicas, "command": command, "resources": {"cpus": cpus}},
@@ -148,7 +149,7 @@ def _a_worker_node(cluster: RayCluster) -> int:
 
 
 def _whole_cluster_job(
-    tmp_path: Path, cluster: RayCluster, agents: bool = False, **extra: Any
+    tmp_path: Path, cluster: RayCluster, agents: bool | None = None, **extra: Any
 ) -> str:
     """3 replicas of 2 cpus: every cpu of the 3 nodes. Attempt 0 waits to be cut down."""
     command = child("*:print:up", "*@0:forever", "*:print:done")

@@ -18,12 +18,18 @@ from raycluster import DRIVER_ENV, LOOPBACK, RayCluster, require_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
+# Each rank waits for the others' files: rank 0's success ends the job (the default
+# success policy), and the ranks still running are stopped.
 DUMP = """
-import json, os, sys
+import json, os, sys, time
 keys = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK")
 out = {k: os.environ.get(k) for k in keys}
 with open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}.json"), "w") as fh:
     json.dump(out, fh)
+world = int(os.environ["WORLD_SIZE"])
+until = time.time() + 60
+while len(os.listdir(sys.argv[1])) < world and time.time() < until:
+    time.sleep(0.05)
 """
 
 

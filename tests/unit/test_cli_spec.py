@@ -392,10 +392,10 @@ def test_node_agents_are_the_default_and_a_flag_turns_them_off(tmp_path: Path) -
     ]
 
 
-def test_on_ray_the_agents_flag_sets_rays_agents_which_are_off_by_default() -> None:
+def test_on_ray_the_agents_flags_set_rays_agents() -> None:
     ray = ("--backend", "ray", "--", "python", "x.py")
-    assert not _build(*ray).ray.agents
-    on = _build("--node-agents", *ray)
-    assert on.ray.agents and on.slurm.agents  # Slurm's own default is untouched
-    assert not _build("--no-node-agents", *ray).ray.agents
+    assert _build(*ray).ray.agents
+    off = _build("--no-node-agents", *ray)
+    assert not off.ray.agents and off.slurm.agents  # Slurm's own is untouched
+    assert _build("--node-agents", *ray).ray.agents
     assert _build("--no-node-agents", "--", "python", "x.py").slurm.agents is False

@@ -235,7 +235,7 @@ def _many_nodes(data: dict[str, Any]) -> bool:
 
 
 def _agents(data: dict[str, Any], args: argparse.Namespace) -> None:
-    """The switches set the agents of the job's engine: Slurm's (on by default) or Ray's."""
+    """The switches set the agents of the job's engine: Slurm's or Ray's."""
     engine = "ray" if data.get("backend") == "ray" else "slurm"
     _merged(data, engine, args, {"agents": "agents"})
     if args.no_node_agents:

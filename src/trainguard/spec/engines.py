@@ -29,8 +29,9 @@ class RayOptions(SpecModel):
     # the network stays "alive" in Ray's eyes for ~30 s (its default health check).
     node_timeout_s: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
     # One agent per node forks its ranks (issue 40): an actor per node, not per rank; a
-    # node whose agent goes silent for 3 s is lost, whatever its ranks were doing.
-    agents: bool = False
+    # node whose agent goes silent for 3 s is lost, whatever its ranks were doing. False:
+    # an actor per rank runs it (`ReplicaHost`).
+    agents: bool = True
     # How long a node's agent may take to join (its actor's start, the agent's imports).
     agent_join_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
 

@@ -200,7 +200,7 @@ FIELDS: tuple[SpecField, ...] = (
     SpecField(
         "slurm.agents",
         ("--node-agents",),
-        "slurm.agents (default) / ray.agents: one agent per node forks its ranks "
+        "slurm.agents / ray.agents (the default): one agent per node forks its ranks "
         "(on Slurm, a step per node; on Ray, an actor per node)",
         action="switch",
     ),
@@ -208,7 +208,7 @@ FIELDS: tuple[SpecField, ...] = (
         "slurm.agents",
         ("--no-node-agents",),
         "slurm.agents: false: each rank its own srun step, supervised from this host "
-        "(ray.agents: false, the default: an actor per rank)",
+        "(ray.agents: false: an actor per rank)",
         dest="no_node_agents",
         action="switch",
     ),

@@ -76,10 +76,14 @@ async def place_group(
         selector = {"ray.io/node-id": f"!in({','.join(excluded)})"}
         kwargs["bundle_label_selector"] = [selector] * len(bundles)
     limit = opts.placement_timeout_s
+    pg = None
     try:
         pg = await bounded(asyncio.to_thread(placement_group, bundles, **kwargs), limit)
         await asyncio.wait_for(pg.ready(), limit)
     except TimeoutError:
+        # Not left pending: placed later (a node back), it would hold the CPUs the next
+        # try needs.
+        await release(ray, [], pg)
         try:
             free = await bounded(asyncio.to_thread(ray.available_resources), CALL_S)
         except TimeoutError:
