@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeBackend, FakeClock, make_master, pass_time
 
+from trainguard.backends.interface import ReplicaOutput
 from trainguard.hangs.watch import HangDetected
 from trainguard.master.events import CapacityRetry, Transition
 from trainguard.master.loop import Master
@@ -99,6 +100,22 @@ def test_a_run_whose_first_start_finds_no_capacity_ends_at_once(tmp_path: Path) 
         await asyncio.wait_for(m.run(), 10)
         assert m.state is JobState.FAILED
         assert store.job("job-1").error_code == "CAPACITY"
+
+    asyncio.run(scenario())
+
+
+def test_output_nothing_reads_takes_no_turn_of_the_loop(tmp_path: Path) -> None:
+    """Progress is read from worker-0's output alone: a line of worker-1 is not queued."""
+
+    async def scenario() -> None:
+        m, _ = make_master(tmp_path, FakeBackend())
+        await m.begin()
+        await _turns(m)
+        m.post(ReplicaOutput(m.attempt, "worker-1", 0, ("step 3",), 1.0))
+        assert m._queue.empty()
+        m.post(ReplicaOutput(m.attempt, "worker-0", 0, ("step 3",), 1.0))
+        assert m._queue.qsize() == 1
+        await m.shutdown()
 
     asyncio.run(scenario())
 

@@ -65,9 +65,13 @@ class OutputProgress:
             return None
         return reader.step
 
+    def reads(self, replica: str) -> bool:
+        """Whether `feed` would read `replica`'s output now."""
+        return self.enabled and not self._sdk and replica == self.source
+
     def feed(self, ev: ReplicaOutput) -> None:
         """A current run's output (the master drops a run that is not current)."""
-        if not self.enabled or self._sdk or ev.replica != self.source:
+        if not self.reads(ev.replica):
             return
         run = (ev.attempt, ev.restart)
         if self.reader is None or run != self._run:
