@@ -40,6 +40,7 @@ from trainguard.backends.ray.placement import (
     channel_host,
     check_nodes,
     connect,
+    exclude_node_of,
     place_group,
     release,
     with_node_env,
@@ -274,11 +275,9 @@ class RayAgents:
     def isolate_after(self, replica: str, c: Classification) -> str | None:
         if c.failure_class is not FailureClass.NODE_LOST:
             return None
-        node = self.nodes.get(replica)
-        if node is None or node["node_id"] in self._excluded:
+        why = exclude_node_of(replica, self.nodes, self._excluded)
+        if why is None:
             return None
-        why = f"node {label(node)} was lost under {replica}"
-        self._excluded[node["node_id"]] = why
         self._stale = True
         return f"{why}: excluded from later attempts"
 

@@ -137,6 +137,19 @@ def with_node_env(
     return out
 
 
+def exclude_node_of(
+    replica: str, nodes: Mapping[str, Mapping[str, str]], excluded: dict[str, str]
+) -> str | None:
+    """Keep the node `replica` was lost on (`nodes`: replica -> its node) in `excluded`;
+    why, or None if it already is (or the replica was never placed)."""
+    node = nodes.get(replica)
+    if node is None or node["node_id"] in excluded:
+        return None
+    why = f"node {label(node)} was lost under {replica}"
+    excluded[node["node_id"]] = why
+    return why
+
+
 async def check_nodes(
     connected: Callable[[], Any],
     excluded: Collection[str],
@@ -252,12 +265,8 @@ class Placement:
     def exclude_node_of(self, replica: str) -> str | None:
         """Keep the node `replica` was lost on out of later attempts; why, or None if it
         already is (or the replica was never placed)."""
-        node = self.nodes.get(replica)
-        if node is None or node["node_id"] in self._excluded:
-            return None
-        why = f"node {label(node)} was lost under {replica}"
-        self._excluded[node["node_id"]] = why
-        self._stale = True
+        why = exclude_node_of(replica, self.nodes, self._excluded)
+        self._stale = self._stale or why is not None
         return why
 
     async def check_nodes(self, reason: str) -> NodeCheckOutcome:
