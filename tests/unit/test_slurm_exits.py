@@ -291,3 +291,28 @@ def test_an_agent_silent_or_on_a_dead_node_is_a_lost_node_at_once(
     asyncio.run(_deliver(backend, _exit(silent)))
     assert asked == ["job 7", "n0", "job 7"]  # the dead node probed once; the silent one not
     assert [type(ev) for ev in seen] == [ReplicaExited, ReplicaExited]
+
+
+def test_the_replicas_of_a_node_whose_agent_hung_up_share_one_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both replicas on n0, its agent gone: Slurm and the node are asked once, not per
+    replica, and each replica's exit is told after that look."""
+    asked: list[str] = []
+    backend, seen = _slurm(ALIVE, asked, monkeypatch)
+    backend._where["worker-1"] = "n0"
+    monkeypatch.setattr(slurm_backend, "STEP_ENDED_S", 0.01)
+    monkeypatch.setattr(backend._launcher, "hung_up", lambda replica: True)
+    why = "node n0 lost: its agent closed the connection"
+
+    async def both() -> None:
+        backend._from_inner(_exit(ExitEvidence("worker-0", None, node_lost=why)))
+        backend._from_inner(_exit(ExitEvidence("worker-1", None, node_lost=why)))
+        await asyncio.wait(list(backend._tasks))
+
+    asyncio.run(both())
+    assert asked == ["job 7", "n0", "job 7"]
+    assert sorted(ev.replica for ev in seen if isinstance(ev, ReplicaExited)) == [
+        "worker-0",
+        "worker-1",
+    ]

@@ -85,6 +85,7 @@ class SlurmBackend:
         self._lost: set[tuple[int, str, int]] = set()  # runs reported lost: drop their exit
         self._tasks: set[asyncio.Future[Any]] = set()
         self._reading: set[asyncio.Future[Any]] = set()  # failed exits, their nodes probed
+        self._looks: dict[str, asyncio.Future[None]] = {}  # node -> `_agent_gone` under way
         self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
         self._launcher: Launcher = (
             AgentLauncher(opts, tee, self._where, job or "job", preload)
@@ -303,16 +304,26 @@ class SlurmBackend:
         time limit end the agents' steps as they signal the master) is told first, as for
         a failure. An agent that hung up on a node whose slurmd still answers had its step
         ended, not its machine: Slurm, which may not say so yet, is asked again a moment
-        later (without this a requeue read as two lost nodes failed the job for capacity)."""
+        later (without this a requeue read as two lost nodes failed the job for capacity).
+        The node's replicas share one such look (its 32 ranks: one probe, not 32)."""
+        node = self._where.get(ev.replica, "")
+        look = self._looks.get(node)
+        if look is None:
+            look = self._looks[node] = asyncio.ensure_future(self._agent_gone(node, ev.replica))
+            look.add_done_callback(lambda _f: self._looks.pop(node, None))
+        await asyncio.shield(look)
+        self._emit(ev)
+
+    async def _agent_gone(self, name: str, replica: str) -> None:
+        """`_agent_lost`'s look at Slurm and at the node, once per node."""
         alloc = self._alloc
         if alloc is not None and not await self._end.ended(alloc.job_id):
-            node = self._nodes.get(self._where.get(ev.replica, ""))
-            if node is not None and self._launcher.hung_up(ev.replica):
+            node = self._nodes.get(name)
+            if node is not None and self._launcher.hung_up(replica):
                 found = await self._probe([node])
                 if found[node.name].answer is Answer.ALIVE:
                     await asyncio.sleep(STEP_ENDED_S)
                     await self._end.ended(alloc.job_id)
-        self._emit(ev)
 
     async def _failed(self, ev: ReplicaExited) -> None:
         """A replica failed: first, whether the allocation itself ended (scancel of an
