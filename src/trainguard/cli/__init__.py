@@ -1,5 +1,5 @@
-"""The command line: the parser and commands, the `run` flags as a spec, the HTTP client,
-the tables and the live panel of `run`."""
+"""The command line: the parser and commands, the `run` flags as a spec (torchrun's words
+among them), the HTTP client, the tables and the live panel of `run`."""
 
 from trainguard.cli.main import main
 
@@ -13,4 +13,5 @@ __all__ = [
     "readers",
     "render",
     "spec_flags",
+    "torchrun_flags",
 ]

@@ -356,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = None  # a job's spec is checked before anything is stored or sent
         if args.cmd in SPEC_COMMANDS:
             from trainguard.cli.spec_flags import build_spec
+            from trainguard.cli.torchrun_flags import program
 
-            spec = build_spec(args, command or [c for c in args.command if c != "--"])
+            given = command or [c for c in args.command if c != "--"]
+            spec = build_spec(args, program(args, given))
         elif command:
             raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
         client = _client(args, home)

@@ -128,6 +128,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         add_spec_flags(run)
         add_spec_flags(sb)
+        from trainguard.cli.torchrun_flags import add_torchrun_flags
+
+        add_torchrun_flags(run)
+        add_torchrun_flags(sb)
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
     run.add_argument(
         "--plain", action="store_true", help="plain lines, no live panel (as in a pipe)"

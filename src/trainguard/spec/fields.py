@@ -76,7 +76,12 @@ def _ft(name: str, flag: str = "", aimaster: str = "", aliases: tuple[str, ...] 
 FIELDS: tuple[SpecField, ...] = (
     SpecField("", ("-f", "--file"), "job spec (YAML)", dest="file", action="file"),
     SpecField("name", ("--job-name",), "the job's name"),
-    SpecField("", ("--nproc-per-node", "--nproc"), "replicas of the command", dest="nproc"),
+    SpecField(
+        "",
+        ("--nproc-per-node", "--nproc_per_node", "--nproc"),
+        "replicas of the command",
+        dest="nproc",
+    ),
     SpecField("framework", ("--framework",), f"{', '.join(RULES)} (default pytorch)"),
     SpecField(
         "", ("--groups",), "torchft: replica groups of the command (default 1)", dest="groups"
