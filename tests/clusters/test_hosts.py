@@ -26,10 +26,11 @@ torch = pytest.importorskip("torch")  # the torch extra; a base install skips th
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
-# 100 steps of 0.05 s: the kill at step >= 25 leaves ~3.7 s of training, more than a
+# 200 steps of 0.05 s: the kill at step >= 25 leaves ~8.7 s of training, more than a
 # `trainguard logs` poll takes on a loaded machine (with 40 steps, one fresh-clone CI run
-# killed the host after the job had already finished).
-STEPS = ("--steps", "100", "--ckpt-every", "10", "--step-time", "0.05")
+# killed the host after the job had already finished; with 100, one ran the whole job,
+# warm on node agents, between two `status` polls of a busy fresh-clone run).
+STEPS = ("--steps", "200", "--ckpt-every", "10", "--step-time", "0.05")
 
 
 class World:
