@@ -57,6 +57,14 @@ def test_torchruns_spellings_of_the_same_flags_are_accepted() -> None:
     spec = _build("--nproc_per_node", "3", "--standalone", "train.py")
     assert spec.worker_pools[0].replicas == 3
     assert _build("--max-restarts", "2", "train.py").fault_tolerance.max_num_of_job_restart == 2
+    assert _build("--max_restarts", "2", "train.py").fault_tolerance.max_num_of_job_restart == 2
+
+
+def test_nnodes_is_the_number_of_nodes_trainguard_places() -> None:
+    spec = _build("--nnodes", "1", "--nproc_per_node", "2", "train.py")
+    assert spec.worker_pools[0].replicas == 2
+    assert spec.slurm.nodes == 1
+    assert _build("--backend", "slurm", "--nnodes", "2", "--nodes", "2", "x.py").slurm.nodes == 2
 
 
 @pytest.mark.parametrize(
@@ -66,6 +74,12 @@ def test_torchruns_spellings_of_the_same_flags_are_accepted() -> None:
         (("--rdzv_backend", "c10d", "train.py"), "--rdzv-backend: trainguard holds the"),
         (("-m", "--no-python", "pkg.train"), "-m and --no-python: give one of them"),
         (("-m",), "-m: name the module to run"),
+        (("--master_addr", "h", "train.py"), "--master-addr: trainguard holds the"),
+        (("--master-port", "29500", "train.py"), "--master-port: trainguard holds the"),
+        (("--node_rank", "0", "train.py"), "--node-rank: trainguard starts the ranks of every"),
+        (("--nnodes", "1:4", "train.py"), "--nnodes 1:4: torchrun's elastic MIN:MAX"),
+        (("--nnodes", "two", "train.py"), "--nnodes: must be a whole number of nodes"),
+        (("--nnodes", "2", "--nodes", "3", "train.py"), "--nnodes 2 and --nodes 3: give one"),
     ],
 )
 def test_what_trainguard_refuses_is_one_line_that_names_it(

@@ -10,8 +10,10 @@ import sys
 
 from trainguard.errors import SpecError
 
-RDZV = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf")
+RDZV = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "master-addr", "master-port")
 """torchrun's rendezvous flags: trainguard holds the rendezvous (MASTER_ADDR, MASTER_PORT)."""
+PER_NODE = ("node-rank",)
+"""torchrun's flags of one launcher per node: trainguard starts every node's ranks itself."""
 
 
 def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
@@ -33,7 +35,13 @@ def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torchrun's --standalone: accepted (trainguard's rendezvous is always its own)",
     )
-    for name in RDZV:
+    p.add_argument(
+        "--nnodes",
+        dest="torchrun_nnodes",
+        metavar="N",
+        help="torchrun's --nnodes: --nodes (trainguard places the nodes and starts their ranks)",
+    )
+    for name in (*RDZV, *PER_NODE):
         p.add_argument(
             f"--{name}",
             f"--{name.replace('-', '_')}",
@@ -46,15 +54,25 @@ def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 def program(args: argparse.Namespace, command: list[str]) -> list[str]:
     """The replica command as torchrun would run it: a `.py` file with this interpreter,
     a module (`-m`) with `python -m`, anything else (or all, with `--no-python`) as
-    given. SpecError names a flag torchrun has and trainguard refuses."""
-    given = [f"--{n}" for n in RDZV if getattr(args, f"torchrun_{n.replace('-', '_')}", None)]
-    if given:
-        raise SpecError(
-            [
-                f"{', '.join(given)}: trainguard holds the rendezvous itself (it sets "
-                "MASTER_ADDR and MASTER_PORT for every attempt): drop the flag"
-            ]
+    given; torchrun's `--nnodes` becomes `args.nodes`. SpecError names a flag torchrun has
+    and trainguard refuses."""
+    problems = []
+    rdzv, per_node = _given(args, RDZV), _given(args, PER_NODE)
+    if rdzv:
+        problems.append(
+            f"{', '.join(rdzv)}: trainguard holds the rendezvous itself (it sets "
+            "MASTER_ADDR and MASTER_PORT for every attempt): drop the flag"
         )
+    if per_node:
+        problems.append(
+            f"{', '.join(per_node)}: trainguard starts the ranks of every node itself: "
+            "run one `trainguard run` for the job (e.g. in the batch script), not one per node"
+        )
+    nnodes = _nnodes(args)
+    if nnodes:
+        problems.append(nnodes)
+    if problems:
+        raise SpecError(problems)
     if args.module and args.no_python:
         raise SpecError(["-m and --no-python: give one of them"])
     if args.module:
@@ -64,3 +82,25 @@ def program(args: argparse.Namespace, command: list[str]) -> list[str]:
     if not args.no_python and command and command[0].endswith(".py"):
         return [sys.executable, *command]
     return command
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    return [f"--{n}" for n in names if getattr(args, f"torchrun_{n.replace('-', '_')}", None)]
+
+
+def _nnodes(args: argparse.Namespace) -> str:
+    """torchrun's `--nnodes N` as `--nodes N`; a problem's line, or ""."""
+    given = getattr(args, "torchrun_nnodes", None)
+    if given is None:
+        return ""
+    if ":" in given:
+        return (
+            f"--nnodes {given}: torchrun's elastic MIN:MAX is not supported; give the "
+            "number of nodes (trainguard restarts the job on the nodes it has)"
+        )
+    if not given.strip().isdecimal():
+        return f"--nnodes: must be a whole number of nodes, got {given!r}"
+    if args.nodes is not None and args.nodes != given:
+        return f"--nnodes {given} and --nodes {args.nodes}: give one of them"
+    args.nodes = given
+    return ""

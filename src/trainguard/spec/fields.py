@@ -62,11 +62,14 @@ class SpecField:
         return (self.name, *self.aliases)
 
 
-def _ft(name: str, flag: str = "", aimaster: str = "", aliases: tuple[str, ...] = ()) -> SpecField:
-    """A `fault_tolerance` field: --help shows its path; a duration's value is SECONDS."""
+def _ft(
+    name: str, flag: str = "", aimaster: str = "", aliases: tuple[str, ...] = (), *more: str
+) -> SpecField:
+    """A `fault_tolerance` field: --help shows its path; a duration's value is SECONDS;
+    `more`: other spellings of the flag (torchrun's)."""
     return SpecField(
         f"fault_tolerance.{name}",
-        (flag,) if flag else (),
+        (flag, *more) if flag else (),
         metavar="SECONDS" if name.endswith("_s") else None,
         aimaster=aimaster,
         aliases=aliases,
@@ -141,7 +144,7 @@ FIELDS: tuple[SpecField, ...] = (
     _ft("execution_mode", "--execution-mode", "job-execution-mode"),
     _ft("fault_tolerant_policy", "--fault-tolerant-policy", "fault-tolerant-policy"),
     _ft("enable_job_restart", "--enable-job-restart", "enable-job-restart"),
-    _ft("max_num_of_job_restart", "--max-restarts", "max-num-of-job-restart"),
+    _ft("max_num_of_job_restart", "--max-restarts", "max-num-of-job-restart", (), "--max_restarts"),
     _ft("max_replica_restarts", "--max-replica-restarts"),
     _ft("max_transient_restarts", "--max-transient-restarts"),
     _ft("max_uncertain_restarts", "--max-uncertain-restarts"),
