@@ -12,8 +12,9 @@ from typing import Any
 # What torchrun sets that is its own, not the layout's: the rendezvous port (fresh for
 # every attempt under trainguard), the error file under its own log folder, who hosts the
 # store (its agent; trainguard's rank 0 or store keeper), the signals its agent handles,
-# the thread count it picks for a node of several workers (trainguard leaves it to the
-# job), and the shell's own (SHLVL, `_`) from the `bash -c` that starts it.
+# the thread count (both set OMP_NUM_THREADS=1 where there are several ranks, torchrun by
+# the node's count, trainguard by the job's), and the shell's own (SHLVL, `_`) from the
+# `bash -c` that starts it.
 NOT_THE_LAYOUT = frozenset(
     {
         "MASTER_PORT",

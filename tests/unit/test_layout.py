@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainguard.frameworks import EnvContext, Roster, preset
 from trainguard.frameworks.replica_plan import plan_replicas, primary_replica, replica_env
 from trainguard.spec.models import (
@@ -54,7 +56,8 @@ def test_plan_replicas_workers_only() -> None:
     assert primary_replica(plans) == "worker-0"
 
 
-def test_replica_env() -> None:
+def test_replica_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     plans = plan_replicas(_pools_spec())
     ctx = EnvContext(plans[2], Roster(tuple(plans)), "job-abc", "127.0.0.1", 29500, 2, 3)
     env = replica_env(preset("pytorch"), ctx, {"TRAINGUARD_SDK": "on"})
@@ -75,6 +78,7 @@ def test_replica_env() -> None:
         "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "1",  # as torchrun, with more than one process
         "TRAINGUARD_JOB_ID": "job-abc",
         "TRAINGUARD_REPLICA": "worker-1",
         "TRAINGUARD_RESTART_COUNT": "2",
@@ -83,6 +87,19 @@ def test_replica_env() -> None:
         "W": "1",
     }
     assert env == expected
+
+
+def test_omp_threads_are_the_users_where_set_and_not_set_for_one_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plans = plan_replicas(_pools_spec())
+    ctx = EnvContext(plans[2], Roster(tuple(plans)), "job-abc", "127.0.0.1", 29500, 2, 3)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert preset("pytorch").env(ctx)["OMP_NUM_THREADS"] == "4"
+    (one,) = plans[:1]
+    alone = EnvContext(one, Roster((one,)), "job-abc", "127.0.0.1", 29500, 0, 3)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert "OMP_NUM_THREADS" not in preset("pytorch").env(alone)
 
 
 def test_replica_env_user_env_wins() -> None:

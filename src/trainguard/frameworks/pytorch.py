@@ -18,7 +18,7 @@ class PyTorch(Preset):
 
     def env(self, ctx: EnvContext) -> dict[str, str]:
         plan, world = ctx.plan, str(len(ctx.plans))
-        return {
+        env = {
             "RANK": str(plan.rank),
             "LOCAL_RANK": str(plan.rank),
             "WORLD_SIZE": world,
@@ -41,3 +41,8 @@ class PyTorch(Preset):
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
             ),
         }
+        if len(ctx.plans) > 1:
+            # as torchrun with more than one process: one OpenMP thread each (not one per
+            # core in every rank), unless the user's environment says how many
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+        return env
