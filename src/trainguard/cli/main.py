@@ -328,6 +328,20 @@ def _local(args: argparse.Namespace, store: Store, spec: JobSpec | None) -> int:
     return _READERS[args.cmd](args, StoreReader(store))
 
 
+def _validated(spec: JobSpec, as_json: bool) -> int:
+    """`trainguard validate`: the spec that `run` would start, said in one line (or whole)."""
+    if as_json:
+        print(json.dumps(spec.model_dump(mode="json"), indent=2))
+        return 0
+    replicas = sum(p.replicas for p in spec.worker_pools)
+    pools = len(spec.worker_pools)
+    print(
+        f"ok: job {spec.name}: {replicas} replica(s) in {pools} pool(s), framework "
+        f"{spec.framework}, backend {spec.backend}"
+    )
+    return 0
+
+
 def _node_name() -> str:
     """This node as its scheduler names it (Slurm), else as the network does."""
     import socket
@@ -360,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
 
             given = command or [c for c in args.command if c != "--"]
             spec = build_spec(args, program(args, given))
+            if args.cmd == "validate":
+                return _validated(spec, args.json)
         elif command:
             raise SpecError([f"{args.cmd}: unexpected arguments after --: {' '.join(command)}"])
         client = _client(args, home)

@@ -72,7 +72,7 @@ def _exit_status(text: str) -> int:
 _MANY = 10**9  # more lines, jobs or attempts than any store holds
 
 
-SPEC_COMMANDS = ("run", "submit")
+SPEC_COMMANDS = ("run", "submit", "validate")
 """The commands whose flags build a job spec (`spec_flags`: they import the spec's models,
 which the other commands do without, so `status` answers in about half the time)."""
 
@@ -123,15 +123,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a job and supervise it until it ends")
     sb = sub.add_parser("submit", parents=[remote], help="queue a job on a trainguard server")
+    check = sub.add_parser(
+        "validate", help="check a job spec and run's flags as run would; store and start nothing"
+    )
     if command is None or command in SPEC_COMMANDS:
         from trainguard.cli.spec_flags import add_spec_flags
-
-        add_spec_flags(run)
-        add_spec_flags(sb)
         from trainguard.cli.torchrun_flags import add_torchrun_flags
 
-        add_torchrun_flags(run)
-        add_torchrun_flags(sb)
+        for each in (run, sb, check):
+            add_spec_flags(each)
+            add_torchrun_flags(each)
+    check.add_argument("--json", action="store_true", help="print the whole spec, defaults filled")
     run.add_argument("--quiet", action="store_true", help="do not tee replica output")
     run.add_argument(
         "--plain", action="store_true", help="plain lines, no live panel (as in a pipe)"
@@ -145,6 +147,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     sb.add_argument("--json", action="store_true")
     sb.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+    check.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
 
     srv = sub.add_parser("server", help="run the service: queue, HTTP API, web page")
     srv.add_argument("--config", type=Path, help="server settings (YAML)")
