@@ -136,6 +136,12 @@ def test_when_a_node_goes_on_probation(what: str, rows: str, now_h: float, due: 
         assert decision.node == "n1" and "3 machine-blamed failures within 24 h" in decision.reason
 
 
+def test_a_probation_after_one_fault_says_so_in_the_singular() -> None:
+    decision = probation_due(node_state("n1", _rows("0a")), NodeProbation(faults=1, jobs=1), H)
+    assert decision is not None
+    assert decision.reason.startswith("1 machine-blamed failure within 24 h from 1 job (")
+
+
 def test_probation_outlives_its_window_until_forgiven() -> None:
     rows = _rows("0a 1a 2b P2")
     state = node_state("n1", rows)

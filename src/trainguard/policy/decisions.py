@@ -59,6 +59,7 @@ from trainguard.spec.models import (
     FaultTolerantPolicy,
     SuccessPolicy,
 )
+from trainguard.spec.text import counted
 from trainguard.states import ErrorCode
 
 # ---------------------------------------------------------------- rules
@@ -392,4 +393,4 @@ def root_cause(failures: list[Failure]) -> tuple[Failure, list[Failure]]:
 
 
 def _processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
+    return counted(n, "process", "processes")

@@ -30,6 +30,7 @@ from enum import StrEnum
 
 from trainguard.classify.classes import Classification, FailureClass
 from trainguard.spec.node_probation import NodeProbation
+from trainguard.spec.text import counted
 
 
 def machine_blame(c: Classification, *, oom_outside_job: bool | None = None) -> str | None:
@@ -134,7 +135,8 @@ def probation_due(state: NodeState, rule: NodeProbation, now_s: float) -> EnterP
         return None
     hours = rule.window_s / 3600
     why = (
-        f"{len(recent)} machine-blamed failures within {hours:g} h from {len(jobs)} jobs "
+        f"{counted(len(recent), 'machine-blamed failure')} within {hours:g} h from "
+        f"{counted(len(jobs), 'job')} "
         f"(probation at {rule.faults} from {rule.jobs}); last: {recent[-1].reason}"
     )
     return EnterProbation(state.node, why)

@@ -28,6 +28,11 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return f"{text[: limit - 3]}...{size}"
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`1 job`, `2 jobs` (`plural`: where adding an s is wrong)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
 def not_utf8(text: str) -> str | None:
     """What in `text` is not UTF-8 ("the byte 0xff"), or None if all of it is."""
     found = _SURROGATE.search(text)

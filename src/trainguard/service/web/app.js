@@ -464,8 +464,8 @@
     const rows = nodes.map((n) => {
       const probation = n.state === "probation";
       const history = n.history.map((h) => `<li data-testid="node-event">${fmtClock(h.at_s)} <b>${esc(h.kind)}</b>
-        ${h.job_id ? `<a href="#/jobs/${encodeURIComponent(h.job_id)}" class="mono">${esc(h.job_id)}</a> attempt ${esc(h.attempt)} ${esc(h.replica)}:` : ""}
-        ${esc(h.reason || "")}${h.matched_line ? ` <code>${esc(h.matched_line)}</code>` : ""}</li>`);
+        ${h.job_id ? `<a href="#/jobs/${encodeURIComponent(h.job_id)}" class="mono">${esc(h.job_id)}</a>${h.attempt != null ? ` attempt ${esc(h.attempt)}` : ""}${h.replica ? ` ${esc(h.replica)}` : ""}:` : ""}
+        ${esc(h.reason || "")}${h.matched_line && !(h.reason || "").includes(h.matched_line) ? ` <code>${esc(h.matched_line)}</code>` : ""}</li>`);
       return `<tr data-testid="node-row" data-node="${esc(n.node)}">
         <td class="mono">${esc(n.node)}</td>
         <td data-testid="node-state">${badge(probation ? "probation" : "ok")}${probation ? ' <span class="small muted">needs check</span>' : ""}</td>
@@ -629,7 +629,7 @@
       .map((w) => `${w.replicas}× ${w.role}: ${(w.command || []).join(" ")}`)
       .join("\n");
     const facts = [
-      ["Step", `<span data-testid="job-step">${dash(p.step)}</span>${metrics ? ` <span class="muted small">${metrics}</span>` : ""}${p.at_s ? ` <span class="muted small">(${fmtDur(now - p.at_s)} ago)</span>` : ""}`],
+      ["Step", `<span data-testid="job-step">${dash(p.step)}</span>${metrics ? ` <span class="muted small">${metrics}</span>` : ""}${p.at_s && !TERMINAL.has(job.state) ? ` <span class="muted small">(${fmtDur(now - p.at_s)} ago)</span>` : ""}`],
       ["Attempts", `<span data-testid="job-attempts">${esc(job.attempts)}</span>`],
       ["Restarts", `<span data-testid="job-restarts">${esc(job.restarts)}</span>`],
       ["Created", fmtClock(job.created_at_s)],
