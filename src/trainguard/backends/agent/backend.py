@@ -24,9 +24,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 from trainguard.backends.agent import protocol as wire
+from trainguard.backends.agent.logs import MasterLogs
 from trainguard.backends.interface import (
     BackendEvent,
     Launch,
@@ -38,7 +39,6 @@ from trainguard.backends.net import free_port
 from trainguard.classify.classes import Classification, ExitEvidence
 from trainguard.classify.logtail import Tail
 from trainguard.hangs.stack_model import ReplicaStacks
-from trainguard.storage.env import ENV_FAULTHANDLER_FILE
 
 AGENT_SILENT_S = 2.5
 """An agent silent this long is a lost node (it beats every `node.BEAT_S`, 0.5 s: five
@@ -90,9 +90,7 @@ class AgentBackend:
         nodes do not see the master's files (Ray): the master writes each replica's log
         from what its agent sends, and the agent keeps its own copy on the node."""
         self.job, self.token, self._host, self._tee = job, token, host, tee
-        self._keep_logs = keep_logs
-        self._logs: dict[str, BinaryIO] = {}  # replica -> the master's copy of its log
-        self._node_stacks: dict[str, str] = {}  # replica -> its stack dumps' file, relative
+        self._logs = MasterLogs(job) if keep_logs else None
         self._preload = list(preload)
         self._emit: Callable[[BackendEvent], None] = lambda _ev: None
         self._links: dict[str, _Link] = {}  # node -> its agent, in the order they joined
@@ -208,7 +206,8 @@ class AgentBackend:
             if run is None or run.node != link.node:
                 return  # reported lost with its node already
             del self._runs[ev.replica]
-            self._close_log(ev.replica)
+            if self._logs is not None:
+                self._logs.close(ev.replica)
             if ev.evidence.stop_requested and not ev.evidence.log_tail:  # not sent: ours
                 ev = replace(ev, evidence=replace(ev.evidence, log_tail=self.log_tail(ev.replica)))
         self._emit(ev)
@@ -217,9 +216,8 @@ class AgentBackend:
         tail = self._tails[ev.replica]
         for segment in ev.segments:
             tail.append(segment)
-        if (log := self._logs.get(ev.replica)) is not None:
-            with contextlib.suppress(OSError, ValueError):
-                log.write("".join(f"{s}\n" for s in ev.segments).encode(errors="replace"))
+        if self._logs is not None:
+            self._logs.write(ev.replica, ev.segments)
         self._last_output[ev.replica] = ev.time_s
         self._newest_output_s = max(self._newest_output_s, ev.time_s)
         if self._tee is not None:  # flushed by the watch, a few times a second
@@ -247,6 +245,8 @@ class AgentBackend:
             if self._tee is not None:
                 with contextlib.suppress(OSError, ValueError):
                     self._tee.flush()
+            if self._logs is not None:
+                self._logs.flush()
             for link in list(self._links.values()):
                 if beat:
                     link.say({"type": "beat", "time_s": time.time()})
@@ -270,7 +270,8 @@ class AgentBackend:
         text = f"node {link.node} lost: {why}"
         for replica, run in [(r, run) for r, run in self._runs.items() if run.node == link.node]:
             del self._runs[replica]
-            self._close_log(replica)
+            if self._logs is not None:
+                self._logs.close(replica)
             ev = ExitEvidence(replica, None, log_tail=self.log_tail(replica), node_lost=text)
             seen_s = time.time() if at_s is None else at_s
             self._emit(ReplicaExited(run.attempt, replica, run.restart, run.pid, ev, seen_s))
@@ -342,8 +343,8 @@ class AgentBackend:
                 continue
             self._runs[launch.replica] = _Run(node, launch.attempt, launch.restart)
             self._tails[launch.replica] = Tail()
-            if self._keep_logs:
-                launch = self._log_here(launch)
+            if self._logs is not None:
+                launch = self._logs.open(launch)
             by_node.setdefault(node, []).append(launch)
         for node, group in by_node.items():
             self._links[node].say({"type": "start", **wire.launches_message(group)})
@@ -354,26 +355,6 @@ class AgentBackend:
                 if node not in self._warmed:
                     self._links[node].say({"type": "warm", **like})
                     self._warmed.add(node)
-
-    def _log_here(self, launch: Launch) -> Launch:
-        """The master's copy of the replica's log opened (a new run: a new file), and the
-        launch with the node's copy under the node's own temporary folder (relative)."""
-        self._close_log(launch.replica)
-        with contextlib.suppress(OSError):
-            launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._logs[launch.replica] = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115
-        at = launch.log_path
-        node_dir = Path("trainguard-agent", self.job, at.parent.name)
-        env = dict(launch.env)
-        if stacks := env.get(ENV_FAULTHANDLER_FILE):
-            self._node_stacks[launch.replica] = env[ENV_FAULTHANDLER_FILE] = str(
-                node_dir / Path(stacks).name
-            )
-        return replace(launch, log_path=node_dir / at.name, env=env)
-
-    def _close_log(self, replica: str) -> None:
-        if (log := self._logs.pop(replica, None)) is not None:
-            log.close()
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
         by_node: dict[str, list[str]] = {}
@@ -419,7 +400,7 @@ class AgentBackend:
 
         async def on(node: str, group: list[tuple[str, int, int]]) -> list[ReplicaStacks]:
             files = {
-                r: self._node_stacks.get(r, str(faulthandler_files[r]))
+                r: self._stacks_file(r, faulthandler_files[r])
                 for r, _, _ in group
                 if r in faulthandler_files
             }
@@ -441,13 +422,20 @@ class AgentBackend:
         found = await asyncio.gather(*(on(n, g) for n, g in by_node.items()))
         return [stacks for group in found for stacks in group]
 
+    def _stacks_file(self, replica: str, path: Path) -> str:
+        """Where the node writes the replica's stack dumps: under its own temporary
+        folder where the master keeps the logs (`MasterLogs.open`), else as the master said."""
+        if self._logs is None:
+            return str(path)
+        return self._logs.node_stacks.get(replica, str(path))
+
     def isolate_after(self, replica: str, c: Classification) -> str | None:
         return None
 
     async def close(self) -> None:
         """Each agent is told to close (it stops its replicas first); then the listener ends."""
-        for replica in list(self._logs):
-            self._close_log(replica)
+        if self._logs is not None:
+            self._logs.close_all()
         for link in self._links.values():
             link.say({"type": "close"})
             link.lost = link.lost or "closed"
