@@ -4,12 +4,14 @@ tests/unit/test_catalogue_lines.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from trainguard.classify.catalogue import Rules
 from trainguard.classify.classes import Classification, ExitEvidence, ExitKind, FailureClass
-from trainguard.classify.exits import classify_exit
+from trainguard.classify.exits import classify_exit, failed_before_stop, quiet_stop
 
 REPLICA = "worker-1"
 
@@ -279,3 +281,20 @@ def test_a_reason_that_ends_its_own_sentence_gets_one_full_stop() -> None:
     assert c.message.endswith(
         "Termination reason: ORTE has lost communication with a remote daemon."
     )
+
+
+def test_a_quiet_stop_is_classified_from_the_exit_alone() -> None:
+    """`quiet_stop`: what the full classification of a stop's exit gives (the rules, the
+    master's annotations and the traceback read skipped); None wherever they could matter."""
+    quiet = ExitEvidence("w", -15, stop_requested=True, log_tail=("step 3 loss 0.1",) * 30)
+    annotated = replace(quiet, own_ports=(29500,), progressed=True, peers_finished=True)
+    rules = Rules.default(("loss",))  # a keyword its tail matches changes nothing either
+    c = quiet_stop(quiet)
+    assert c is not None and c.kind is ExitKind.STOP_REQUESTED and not c.is_failure
+    assert c == classify_exit(annotated, rules) and failed_before_stop(annotated, rules) is None
+    bug = ("Traceback (most recent call last):", '  File "t.py", line 3', "KeyError: 'lr'")
+    assert quiet_stop(replace(quiet, log_tail=bug)) is None  # maybe dying of its own error
+    assert quiet_stop(replace(quiet, returncode=0)) is None  # it finished: a clean exit
+    assert quiet_stop(replace(quiet, returncode=None)) is None  # it never started
+    assert quiet_stop(replace(quiet, node_lost="its agent went silent")) is None
+    assert quiet_stop(replace(quiet, stop_requested=False)) is None  # not our stop

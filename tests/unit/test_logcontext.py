@@ -6,17 +6,12 @@ the uncertain ones is tested in tests/unit/test_learned.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from trainguard.classify.catalogue import Rules
-from trainguard.classify.classes import ExitEvidence, ExitKind, FailureClass
+from trainguard.classify.classes import ExitEvidence, FailureClass
 from trainguard.classify.exits import (
     classify_by_rules,
-    classify_exit,
     failed_before_stop,
-    quiet_stop,
 )
 from trainguard.classify.logcontext import (
     Phase,
@@ -334,23 +329,6 @@ def test_a_stopped_replica_that_was_dying_of_its_own_error_says_so() -> None:
     )
     c = failed_before_stop(ExitEvidence("w", -15, stop_requested=True, log_tail=deep))
     assert c is not None and c.rule == "python-bug"
-
-
-def test_a_quiet_stop_is_classified_from_the_exit_alone() -> None:
-    """`quiet_stop`: what the full classification of a stop's exit gives (the rules, the
-    master's annotations and the traceback read skipped); None wherever they could matter."""
-    quiet = ExitEvidence("w", -15, stop_requested=True, log_tail=("step 3 loss 0.1",) * 30)
-    annotated = replace(quiet, own_ports=(29500,), progressed=True, peers_finished=True)
-    rules = Rules.default(("loss",))  # a keyword its tail matches changes nothing either
-    c = quiet_stop(quiet)
-    assert c is not None and c.kind is ExitKind.STOP_REQUESTED and not c.is_failure
-    assert c == classify_exit(annotated, rules) and failed_before_stop(annotated, rules) is None
-    bug = ("Traceback (most recent call last):", '  File "t.py", line 3', "KeyError: 'lr'")
-    assert quiet_stop(replace(quiet, log_tail=bug)) is None  # maybe dying of its own error
-    assert quiet_stop(replace(quiet, returncode=0)) is None  # it finished: a clean exit
-    assert quiet_stop(replace(quiet, returncode=None)) is None  # it never started
-    assert quiet_stop(replace(quiet, node_lost="its agent went silent")) is None
-    assert quiet_stop(replace(quiet, stop_requested=False)) is None  # not our stop
 
 
 def test_older_pytorch_oom_numbers_count_allocated_and_cached_as_its_own() -> None:
