@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeClock
 
 from trainguard.hangs.watch import HangDetected, HangWatch
-from trainguard.timers import LOOP_TIMERS, Timer
+from trainguard.timers import LOOP_TIMERS, Timer, Timers
 
 
 def _watch(
@@ -18,8 +18,10 @@ def _watch(
     enabled: bool = True,
     output: list[float] | None = None,
     startup: float = 600.0,
+    timers: Callable[[FakeClock], Timers] | None = None,
 ) -> tuple[HangWatch, list[HangDetected], FakeClock]:
-    """A watch on a fake clock; `output[0]` is when the replicas printed last."""
+    """A watch on a fake clock; `output[0]` is when the replicas printed last; `timers`:
+    what sets its timers, given the clock (default: the clock itself)."""
     clock = FakeClock()
     seen: list[HangDetected] = []
     last = output if output is not None else [0.0]
@@ -30,7 +32,7 @@ def _watch(
         output_activity=lambda: last[0],
         clock=clock,
         startup_timeout_s=startup,
-        timers=clock,
+        timers=clock if timers is None else timers(clock),
     )
     return watch, seen, clock
 
@@ -146,22 +148,17 @@ def test_the_interval_counts_once_every_replica_has_shown_life() -> None:
 def test_a_first_sign_of_life_sets_the_timer_again_only_when_it_was_the_last_awaited() -> None:
     """1,024 ranks' first lines (or a stop's exits) set the timer once, not 1,024 times:
     while others are awaited, the allowance's end stands; the last one ends the allowance."""
-    clock, seen, set_at = FakeClock(), list[HangDetected](), list[float]()
+    set_at: list[float] = []
 
     class Counted:
-        def later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
-            set_at.append(clock() + delay_s)
-            return clock.later(delay_s, fn)
+        def __init__(self, clock: FakeClock) -> None:
+            self.clock = clock
 
-    watch = HangWatch(
-        enabled=True,
-        interval_s=0.2,
-        post=seen.append,
-        output_activity=lambda: 0.0,
-        clock=clock,
-        startup_timeout_s=60,
-        timers=Counted(),
-    )
+        def later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+            set_at.append(self.clock() + delay_s)
+            return self.clock.later(delay_s, fn)
+
+    watch, seen, clock = _watch(0.2, startup=60, timers=Counted)
     names = [f"worker-{i}" for i in range(100)]
     watch.arm(0, names)
     assert set_at == [pytest.approx(1060.0)]  # the allowance's end
