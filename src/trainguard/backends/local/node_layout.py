@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from trainguard.backends.interface import Launch
+from trainguard.backends.launched import Launched
 from trainguard.frameworks.node_env import DEVICES, OWN_DEVICES, id_list, placed_envs
 
 _NODE = "localhost"
@@ -34,20 +35,18 @@ class NodeLayout:
     """The current attempt's launches, to lay out those started (all, or one alone)."""
 
     def __init__(self) -> None:
-        self._launched: dict[str, Launch] = {}
+        self._launched = Launched()
 
     def apply(self, launches: Sequence[Launch]) -> list[Launch]:
         if not launches:
             return []
-        attempt = max(la.attempt for la in launches)
-        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
-        self._launched.update({la.replica: la for la in launches if la.attempt == attempt})
+        launched = self._launched.add(launches)
         own = {
             r: id_list(la.env.get(OWN_DEVICES))
-            for r, la in self._launched.items()
+            for r, la in launched.items()
             if "LOCAL_RANK" in la.env  # a torchrun rank: the only kind that reads it
         }
-        ranks = {r: (la.rank, la.env) for r, la in self._launched.items()}
+        ranks = {r: (la.rank, la.env) for r, la in launched.items()}
         changes = placed_envs(ranks, dict.fromkeys(ranks, _NODE), own)
         out = []
         for la in launches:

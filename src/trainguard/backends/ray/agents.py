@@ -32,6 +32,7 @@ from trainguard.backends.interface import (
     NodeCheckOutcome,
     ReplicaExited,
 )
+from trainguard.backends.launched import Launched
 from trainguard.backends.ray.agent_host import AgentHost, gpu_ids_here
 from trainguard.backends.ray.calls import CALL_S, bounded, label, one_line
 from trainguard.backends.ray.node_check import alive_nodes
@@ -91,7 +92,7 @@ class RayAgents:
         self.nodes: dict[str, dict[str, str]] = {}  # replica -> its bundle's node
         self._hosts: dict[str, Any] = {}  # node id -> its agent's actor
         self._excluded: dict[str, str] = {}  # node id -> why it is kept out
-        self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
+        self._launched = Launched()
         self._master: str | None = None  # where the agents dial (HOST:PORT)
 
     # -------------------------------------------------------------- placement
@@ -242,10 +243,7 @@ class RayAgents:
     async def start(self, launches: Sequence[Launch]) -> None:
         """Each launch to the agent of its bundle's node, with the node variables of its
         placement (which ranks share a node)."""
-        attempt = launches[0].attempt if launches else -1
-        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
-        self._launched.update({la.replica: la for la in launches})
-        runs = with_node_env(self._launched, self.nodes, launches)
+        runs = with_node_env(self._launched.add(launches), self.nodes, launches)
         where = {la.replica: label(self.nodes[la.replica]) for la in launches}
         await self._agents.start_on(runs, where)
 

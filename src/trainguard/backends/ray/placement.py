@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainguard.backends.interface import Launch, NoCapacity, NodeCheckOutcome
+from trainguard.backends.launched import Launched
 from trainguard.backends.ray.calls import CALL_S, bounded, label
 from trainguard.backends.ray.host import NODE_DEVICES_ENV, ReplicaHost
 from trainguard.backends.ray.node_check import alive_nodes, check_cluster
@@ -184,7 +185,7 @@ class Placement:
         self._excluded: dict[str, str] = {}  # node id -> why it is kept out
         self.ray: Any = None  # the connected `ray` module; None until `connect`
         self._stale = False  # a node was lost: the next attempt is placed anew
-        self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
+        self._launched = Launched()
 
     def connect(self) -> Any:
         if self.ray is None:
@@ -257,10 +258,7 @@ class Placement:
         """The launches with what the placement gives their environment: torchrun's node
         variables from which ranks share a node, and each node's GPUs (what Ray gave its
         ranks' actors) for every rank of it, so `cuda:LOCAL_RANK` is the rank's own."""
-        attempt = launches[0].attempt if launches else -1
-        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
-        self._launched.update({la.replica: la for la in launches})
-        return with_node_env(self._launched, self.nodes, launches)
+        return with_node_env(self._launched.add(launches), self.nodes, launches)
 
     def exclude_node_of(self, replica: str) -> str | None:
         """Keep the node `replica` was lost on out of later attempts; why, or None if it

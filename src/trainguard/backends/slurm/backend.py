@@ -43,6 +43,7 @@ from trainguard.backends.interface import (
     ReplicaExited,
     ReplicaStarted,
 )
+from trainguard.backends.launched import Launched
 from trainguard.backends.net import address_towards, port_at
 from trainguard.backends.slurm import cluster
 from trainguard.backends.slurm.cluster import Allocation, Answer, Node, Probe, SlurmError
@@ -86,7 +87,7 @@ class SlurmBackend:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._reading: set[asyncio.Future[Any]] = set()  # failed exits, their nodes probed
         self._looks: dict[str, asyncio.Future[None]] = {}  # node -> `_agent_gone` under way
-        self._launched: dict[str, Launch] = {}  # the attempt's launches: its layout
+        self._launched = Launched()
         self._launcher: Launcher = (
             AgentLauncher(opts, tee, self._where, job or "job", preload)
             if opts.agents
@@ -148,11 +149,9 @@ class SlurmBackend:
                 ev = ExitEvidence(la.replica, None, spawn_error=why)
                 self._emit(ReplicaExited(la.attempt, la.replica, la.restart, None, ev, _now()))
             return
-        attempt = launches[0].attempt if launches else -1
-        self._launched = {r: la for r, la in self._launched.items() if la.attempt == attempt}
-        self._launched.update({la.replica: la for la in launches})
+        launched = self._launched.add(launches)
         self._where.update(placed)
-        layout = layout_env(self._launched, self._where)
+        layout = layout_env(launched, self._where)
         await self._launcher.start(launches, layout)
 
     async def stop(self, replicas: Sequence[str], grace_s: float) -> None:
