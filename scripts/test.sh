@@ -12,8 +12,8 @@ bash scripts/setup.sh test
 bash scripts/system_deps.sh
 bash scripts/mpi_deps.sh
 export PATH="$PWD/.venv/bin:$PATH"
-ruff check src tests examples bench
-ruff format --check src tests examples bench
+ruff check src tests examples bench docs/hooks
+ruff format --check src tests examples bench docs/hooks
 mypy
 if [ "$#" -eq 0 ]; then
   # The whole suite holds a coverage floor (in-process lines; replicas and masters run in
