@@ -23,6 +23,8 @@ class RayOptions(SpecModel):
 
     address: str = "auto"  # `auto`, host:port of the GCS, or ray://host:10001
     placement_strategy: Literal["spread", "pack"] = "spread"
+    # How long Ray may take to place an attempt's replicas; past it the job fails for lack
+    # of capacity (or waits, with `queue.wait_for_capacity`).
     placement_timeout_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
     driver_ip: str | None = None  # the master's own address in the cluster (tests: 127.0.0.1)
     # A node that answers none of the master's calls for this long is lost: a host cut off
@@ -74,6 +76,8 @@ class SlurmOptions(SpecModel):
     # Nodes the job uses (default: as many as its replicas need at tasks_per_node); the
     # allocation's other nodes are spares for a node that is lost.
     nodes: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    # Replicas on each node, in rank order (`--nproc-per-node` with `--nodes`); with `nodes`
+    # given, `nodes` x `tasks_per_node` must equal the replicas.
     tasks_per_node: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     # `scontrol update nodename=N state=drain reason=...` for a lost node (needs the right).
     drain_lost_nodes: bool = False
@@ -100,7 +104,11 @@ class TorchftOptions(SpecModel):
     nproc_per_group: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     # Groups a quorum needs; with 1, a lone healthy group trains on while the others heal.
     min_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # A group silent this long leaves the Lighthouse's quorum (its `--heartbeat_timeout_ms`);
+    # a restarted group also waits this long before it rejoins.
     heartbeat_timeout_ms: int = Field(default=2000, ge=100, le=3_600_000)
+    # Once `min_replicas` groups are in, how long a quorum waits for other live groups to
+    # join (the Lighthouse's `--join_timeout_ms`).
     join_timeout_ms: int = Field(default=1000, ge=0, le=3_600_000)
     # How often a trainer retries a quorum the Lighthouse did not answer (it restarts).
     quorum_retries: int = Field(default=20, ge=0, le=MAX_LIMIT)

@@ -40,20 +40,38 @@ class FaultTolerantPolicy(StrEnum):
 
 
 class FaultTolerance(SpecModel):
+    # sync: a failure restarts every replica, and the hang detectors watch; async: a failed
+    # worker (or torchft group) restarts alone, the others go on.
     execution_mode: Annotated[ExecutionMode, case_insensitive(ExecutionMode)] = ExecutionMode.SYNC
+    # Which failures are retried: ExitCodeAndErrorMsg, those the exit status and log read as
+    # retryable; OnFailure, any whose command started; Never, none.
     fault_tolerant_policy: Annotated[FaultTolerantPolicy, case_insensitive(FaultTolerantPolicy)] = (
         FaultTolerantPolicy.EXIT_CODE_AND_ERROR_MSG
     )
     # AIMaster defaults this to False; trainguard restarts by default (the issue asks it).
     enable_job_restart: bool = True
+    # Restarts of the whole job (a new attempt of every replica); once spent, a failure that
+    # needs one fails the job.
     max_num_of_job_restart: Limit = 3
+    # Restarts of one replica alone (async mode, or an optional role) per attempt; then the
+    # whole job restarts (or fails, or gives it up, as the framework says).
     max_replica_restarts: Limit = 5
+    # Failures of one replica with the same error (fingerprint), in all attempts; one more
+    # than this fails the job (or gives an optional replica up).
     max_num_of_same_error: Limit = 10
+    # Once more than this fraction of the replicas has failed (in all attempts), a retryable
+    # failure fails the job instead; null (or -1): no such limit.
     max_tolerated_failure_rate: float | None = Field(default=None, gt=0, le=1)
+    # Retries of transient exits (a bare SIGSEGV or SIGABRT, a crash at exit, a port race),
+    # in all attempts; once spent, the next one fails the job.
     max_transient_restarts: Limit = 3
+    # Retries of capacity failures (no free GPU, no machines in the cloud), in all attempts;
+    # once spent, the job fails, or waits with `queue.wait_for_capacity`.
     max_capacity_restarts: Limit = 3
+    # Retries of trainguard's own faults (a replica it could not start, a dead preload
+    # process), in all attempts; once spent, the next one fails the job.
     max_internal_restarts: Limit = 2
-    max_node_lost_restarts: Limit = 3  # a node under the job died (Ray backend)
+    max_node_lost_restarts: Limit = 3  # a node under the job died or was cut off (Ray, Slurm)
     # A retryable failure whose evidence is uncertain (a bare signal, a guess) is
     # retried this many times in all.
     max_uncertain_restarts: Limit = 1
@@ -70,14 +88,21 @@ class FaultTolerance(SpecModel):
     # rendezvous is retried after 1, 2, 4 ... s (doubling per retry in a row), at most
     # `transient_backoff_max_s`, within the restart budgets (0: retried at once).
     transient_backoff_s: float = Field(default=1.0, ge=0, le=3600)
+    # The longest wait before an outage's retry: the doubling from `transient_backoff_s`
+    # stops here.
     transient_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    # When the master stops a replica (a restart, a cancel, the job's end), the time from
+    # SIGTERM to SIGKILL, so it can exit cleanly (0: killed at once).
     stop_grace_period_s: float = Field(default=10.0, ge=0, le=3600)
     # The job's own retryable errors: regexes (or plain keywords) searched in the log
     # tail of a failed replica, before the built-in catalogue.
     retryable_errors: list[str] = Field(default_factory=list)
     # AIMaster defaults both detectors to off; at these intervals they cost nothing, so
-    # trainguard turns them on (sync jobs only, as AIMaster).
+    # trainguard turns them on (the whole job's watch in sync jobs, as AIMaster; each replica
+    # group's in an async torchft job).
     enable_job_hang_detection: bool = True
+    # No output or SDK heartbeat from any replica for this long is a hang: stacks are taken,
+    # then it is a failure (training code may change it: `hang_detect`).
     job_hang_interval_s: float = Field(
         default=1800,
         ge=MIN_WATCH_S,
@@ -88,7 +113,11 @@ class FaultTolerance(SpecModel):
     # allowance applies instead of the hang interval (never shorter than it): imports
     # and data loading are not a hang.
     startup_timeout_s: float = Field(default=600, ge=MIN_WATCH_S, le=MAX_SECONDS)
+    # Sync jobs: when one replica exits 0 and the job waits for the rest, they must end
+    # within `job_exit_hang_interval_s`, or it is an exit hang (a failure).
     enable_job_exit_hang_detection: bool = True
+    # How long the other replicas may run on after one has exited 0 before it is an exit
+    # hang.
     job_exit_hang_interval_s: float = Field(
         default=600,
         ge=MIN_WATCH_S,

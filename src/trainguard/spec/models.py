@@ -42,8 +42,14 @@ _MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|[kmgt]b?|)$")
 
 
 class Resources(SpecModel):
+    # CPUs of one replica (default 1): what its Ray bundle reserves and a server's quota
+    # counts; not a limit on the local backend.
     cpus: float | None = Field(default=None, gt=0, le=4096)
+    # GPUs of one replica: ids from `gpu_inventory` in its `CUDA_VISIBLE_DEVICES` (on Ray,
+    # reserved in its bundle); a GPU found faulty is isolated.
     gpus: int = Field(default=0, ge=0, le=1024)
+    # Memory of one replica (e.g. `16Gi`): a cgroup limit on the local backend where it can
+    # set one; reserved on Ray; counted by a server's quota.
     memory: str | None = None
     custom: dict[str, float] = Field(default_factory=dict)  # Ray custom resources
 
@@ -61,9 +67,17 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 
 class WorkerPool(SpecModel):
+    # The pool's part in the job (worker, chief, ps...: the framework gives roles their
+    # meaning); its replicas are named `<role>-0`, `<role>-1`, ...
     role: str = Field(default="worker", pattern=_ROLE)
+    # How many processes run the command; each is a rank of the job (a chief or launcher
+    # pool's first).
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    # What each replica runs, as an argument list (`command[0]` is the program), not a
+    # shell line.
     command: list[str] = Field(min_length=1)
+    # Variables added to each replica's environment; they win over the ones trainguard and
+    # the framework set.
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
 

@@ -21,8 +21,14 @@ MAX_WINDOW_S = 30 * 86400
 class NodeProbation(SpecModel):
     """K machine-blamed failures within a window, from at least `jobs` jobs."""
 
+    # Machine-blamed failures (a lost node, a hardware fault, an OOM from outside the job)
+    # that put a node on probation: every job avoids it until it is forgiven.
     faults: int = Field(default=3, ge=1, le=MAX_NODE_FAULTS)
+    # How far back (seconds) those failures count; it decides when probation begins, not
+    # how long it lasts (until forgiven).
     window_s: float = Field(default=86400.0, ge=1, le=MAX_WINDOW_S)
+    # The fewest different jobs those failures must come from, so one job's own bug misread
+    # as the machine's puts no node on probation.
     jobs: int = Field(default=2, ge=1, le=MAX_NODE_FAULTS)
     # Slurm: `scontrol update NodeName=N State=DRAIN Reason="trainguard: ..."` when a node
     # goes on probation (needs the right to); off, the node is only avoided by trainguard.

@@ -29,19 +29,30 @@ _JOB_STATES = tuple(s.value for s in JobState)
 class NotifyRule(SpecModel):
     """Which events go to which sink, e.g. every FAILED state change to a webhook."""
 
+    # The event kinds this rule sends (default: all of them); `states` narrows `state_change`.
     events: list[EventKind] = Field(default_factory=lambda: list(EVENT_KINDS))  # type: ignore[arg-type]
     # For state_change events: only these target states (default: every state).
     states: list[str] | None = None
+    # Where they go: webhook (a JSON POST to url), apprise (its url), or command (run with
+    # the JSON event on its stdin).
     sink: Literal["webhook", "apprise", "command"]
     url: str | None = None  # webhook URL, or an apprise URL
     secret: str | None = None  # HMAC-SHA256 key for the webhook signature header
     secret_env: str | None = None  # or the name of an environment variable that holds it
     command: list[str] | None = None  # the command sink's program and arguments
+    # How long one delivery may take (the HTTP request; a command is killed past it) before
+    # it counts as failed.
     timeout_s: float = Field(default=5.0, gt=0, le=120)
+    # Tries after the first for a delivery that failed in a way worth retrying (HTTP 429 or
+    # 5xx, the network, a timeout, a command's nonzero exit).
     retries: int = Field(default=3, ge=0, le=20)
     # The first retry waits this long, each next one twice as long (at most BACKOFF_CAP_S).
     backoff_s: float = Field(default=0.5, gt=0, le=60)
+    # The same event (kind, text, state) again within this long of the last one sent is held
+    # back; the next one sent counts it in `repeated` (0: no dedupe).
     dedupe_window_s: float = Field(default=60.0, ge=0)
+    # At most this many events of the rule go out in any 60 s; the rest are dropped (and
+    # counted as `rate_limited`).
     rate_limit_per_min: int = Field(default=30, ge=1)
 
     @model_validator(mode="before")

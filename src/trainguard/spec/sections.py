@@ -17,9 +17,16 @@ class CheckpointPolicy(SpecModel):
     # A new job that starts from a given checkpoint folder: it is committed as the first
     # checkpoint of this job, so get_checkpoint() offers it (`--from-checkpoint PATH`).
     initial: str | None = None
+    # Retention after each new checkpoint: the newest this many are kept (with `keep_best`'s),
+    # the others deleted.
     keep_last: int = Field(default=3, ge=1, le=MAX_LIMIT)
+    # Also keep this many checkpoints with the best `score_attribute` (0: none; it needs
+    # `score_attribute`).
     keep_best: int = Field(default=0, ge=0, le=MAX_LIMIT)
+    # The metric, reported with a checkpoint, that `keep_best` ranks by; a checkpoint without
+    # a number for it is never among the best.
     score_attribute: str | None = None
+    # Which `score_attribute` is best: `max`, the highest (an accuracy); `min`, the lowest.
     score_order: Literal["max", "min"] = "max"
     # sdk.snapshot(state, step) keeps state in memory; every N-th step that all ranks hold
     # is also copied here, in the background, as a checkpoint (0: never).
