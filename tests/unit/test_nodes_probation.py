@@ -272,6 +272,25 @@ def _job(
     )
 
 
+def test_the_failure_is_said_before_the_probation_it_leads_to(tmp_path: Path) -> None:
+    said: list[str] = []
+
+    async def run() -> None:
+        be = FakeBackend()
+        be.nodes = {"worker-0": "n0", "worker-1": "n1"}
+        m = _job(tmp_path, "job-a", be, said.append, node_probation={"faults": 1, "jobs": 1})
+        await m.begin()
+        await _drain(m)
+        be.exit("worker-1", 1, log_tail=(XID_79,))
+        await _drain(m)
+        await m.shutdown()
+
+    asyncio.run(run())
+    failed = next(i for i, s in enumerate(said) if s.startswith("worker-1 failed"))
+    probation = next(i for i, s in enumerate(said) if s.startswith("node n1 is on probation"))
+    assert failed < probation, said
+
+
 def test_three_machine_faults_of_two_jobs_put_the_node_on_probation(tmp_path: Path) -> None:
     notified: list[tuple[str, str, dict[str, Any]]] = []
 

@@ -134,9 +134,9 @@ class Exits:
             decision, decided_s = self.failures.judge(failure)
             if isinstance(decision, RestartJob | FailJob):
                 failure, decision = await self._take_root_cause(failure, decision)
-            self.failures.record(failure, decision)
             why = failure.classification.message  # the root cause's, not the trigger's
             self.act.say(f"{failure.replica} failed: {why} -> {describe(decision)}")
+            self.failures.record(failure, decision)  # then what it leads to (a probation)
             return Decided(decision, failure, ev.time_s, decided_s)
         return Decided(decision, failure, ev.time_s)
 
