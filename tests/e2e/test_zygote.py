@@ -266,6 +266,48 @@ print("ENV", os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(),
 """
 
 
+LEFT_OPEN = """\
+import ctypes, os
+import torch  # what makes trainguard fork it warm (preload: auto)
+rank = os.environ["RANK"]
+kept = open(f"py-{rank}.txt", "w")  # closed by no one: Python's ending writes it out
+kept.write("python data\\n")
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fputs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+fp = libc.fopen(f"c-{rank}.txt".encode(), b"w")  # C's stdio: flushed by C's exit()
+libc.fputs(b"c data\\n", fp)
+print("wrote", rank, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [(), ("--no-preload",)], ids=["warm", "cold"])
+def test_what_only_the_end_of_a_process_writes_out_reaches_the_disk(
+    tg: TG, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """A file the program never closed, and C's buffered writes (where TensorFlow's file
+    writers keep a TensorBoard writer's last events), are written at a forked replica's end
+    as at a cold one's: before the fix a warm replica ended with os._exit and lost both."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "left_open.py").write_text(LEFT_OPEN)
+    argv = ("run", "--quiet", "--success-policy", "all", "--nproc-per-node", "2", *flags)
+    res = subprocess.run(
+        [*tg.argv(*argv), str(work / "left_open.py")],
+        env=tg.env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr
+    assert ("warm start: torch" in res.stderr) == (not flags), res.stderr
+    for rank in (0, 1):
+        assert (work / f"py-{rank}.txt").read_text() == "python data\n"
+        assert (work / f"c-{rank}.txt").read_text() == "c data\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("omp", ["1", "2", None])
 def test_a_forked_replica_gets_the_thread_counts_and_devices_its_env_asks_for(

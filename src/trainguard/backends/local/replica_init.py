@@ -75,7 +75,7 @@ def become_replica(
         code = 1
     finally:
         code = _finalize_as_python_would(code)
-        os._exit(code)
+        _exit_as_a_process_would(code)
 
 
 def _join(procs_files: list[str] | None) -> None:
@@ -106,10 +106,36 @@ def _finalize_as_python_would(code: int) -> int:
         import traceback
 
         traceback.print_exc()
+    _drop_the_programs_objects()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     return code
+
+
+def _exit_as_a_process_would(code: int) -> None:
+    """C's `exit()`, as a cold interpreter ends: the exit handlers and static destructors
+    of the libraries run (TensorFlow's file writers flush there: a TensorBoard writer left
+    open lost its events under `os._exit`); Python's own finalization is done already."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None)
+        libc.exit.argtypes = [ctypes.c_int]
+        libc.exit(code)
+    os._exit(code)
+
+
+def _drop_the_programs_objects() -> None:
+    """What Python's own ending does next: the program's globals are dropped (`__main__`
+    first, as `Py_FinalizeEx` does), so what only a finalizer writes out (a buffered file
+    no one closed, a TensorBoard writer's last events) reaches the disk before `os._exit`,
+    which would skip it."""
+    main = sys.modules.get("__main__")
+    with contextlib.suppress(Exception):
+        if main is not None:
+            main.__dict__.clear()
+        import gc
+
+        gc.collect()
 
 
 def _count(*names: str) -> int | None:
