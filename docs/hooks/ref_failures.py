@@ -5,11 +5,14 @@ says it), so "retried" here is the master's decision, not a second copy of its r
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import yaml
 from refmd import code, prose, table
 
-from trainguard.classify.catalogue import Signature, builtin_catalogue
+from trainguard.classify.catalogue import Signature, builtin_catalogue, first_match
 from trainguard.classify.classes import Classification, ExitKind, FailureClass
+from trainguard.classify.logtail import clean
 from trainguard.policy import outcome
 
 
@@ -90,7 +93,29 @@ def render_summary(sigs: tuple[Signature, ...]) -> str:
     return "\n".join(["## Signatures", "", table(heads, rows), ""])
 
 
-def render_entry(sig: Signature) -> str:
+REAL_CASES = Path(__file__).resolve().parents[2] / "tests" / "corpus_real" / "cases"
+"""Log excerpts people pasted in public threads, each with its thread's address."""
+EXAMPLE_CHARS = 200
+
+
+def real_examples(sigs: tuple[Signature, ...]) -> dict[str, tuple[str, str]]:
+    """Signature id -> the first line of the real corpus it explains, and the thread it
+    was pasted in (a line each signature is the first to match, in the cases' order)."""
+    out: dict[str, tuple[str, str]] = {}
+    for path in sorted(REAL_CASES.glob("*.yaml")):
+        for case in yaml.safe_load(path.read_text()) or []:
+            log, url = case.get("log"), case.get("url")
+            if not isinstance(log, str) or not isinstance(url, str):
+                continue
+            for raw in log.splitlines():
+                line = clean(raw)
+                sig = first_match(sigs, line)
+                if sig is not None and sig.id not in out:
+                    out[sig.id] = (line, url)
+    return out
+
+
+def render_entry(sig: Signature, example: tuple[str, str] | None = None) -> str:
     parts = [f"### {sig.id} {{ #{sig.id} }}", "", prose(sig.reason), ""]
     facts = [
         f"class {code(sig.failure_class)}",
@@ -106,6 +131,11 @@ def render_entry(sig: Signature) -> str:
             f"{decision(sig, untrained=True)} ({prose(u.reason)})"
         )
     parts += [f"- {fact}" for fact in facts]
+    if example is not None:
+        line, url = example
+        shown = line if len(line) <= EXAMPLE_CHARS else line[: EXAMPLE_CHARS - 3] + "..."
+        parts += ["", f"A line it explains, from a log pasted in <{url}>:", ""]
+        parts += ["```text", shown, "```"]
     parts += ["", "Pattern, one alternative a line (each line of the log tail is searched):", ""]
     parts += ["```text", *alternatives(_pattern(sig)), "```", ""]
     return "\n".join(parts)
@@ -113,4 +143,6 @@ def render_entry(sig: Signature) -> str:
 
 def render() -> str:
     sigs = builtin_catalogue()
-    return "\n".join([render_summary(sigs), "## Entries", "", *(render_entry(s) for s in sigs)])
+    seen = real_examples(sigs)
+    entries = (render_entry(s, seen.get(s.id)) for s in sigs)
+    return "\n".join([render_summary(sigs), "## Entries", "", *entries])

@@ -208,6 +208,19 @@ def test_the_default_decision_is_the_policys(pages: dict[str, str]) -> None:
     assert "| retried (uncertain) |" in _row(page, "[`gpu-busy`](#gpu-busy)")
 
 
+def test_most_signatures_show_a_line_of_a_real_log_they_explain(hook: ModuleType) -> None:
+    """Each example is a line pasted in the public thread it names, and the catalogue's
+    first match for it is its signature."""
+    from trainguard.classify.catalogue import builtin_catalogue, first_match
+
+    sigs = builtin_catalogue()
+    examples = sys.modules["ref_failures"].real_examples(sigs)
+    assert len(examples) >= 0.9 * len(sigs), sorted(s.id for s in sigs if s.id not in examples)
+    by_id = {s.id: s for s in sigs}
+    for sid, (line, url) in examples.items():
+        assert first_match(sigs, line) is by_id[sid] and url.startswith("https://"), sid
+
+
 def test_patterns_split_into_alternatives_losslessly(hook: ModuleType) -> None:
     split = sys.modules["ref_failures"].alternatives
     assert split(r"a|b(c|d)|[|x]|\|y") == ["a", "b(c|d)", "[|x]", r"\|y"]
