@@ -75,7 +75,13 @@ def become_replica(
         code = 1
     finally:
         code = _finalize_as_python_would(code)
-        _exit_as_a_process_would(code)
+        if code == 0:  # its work is done: what only a process's end writes out is kept
+            _drop_the_programs_objects()
+            _exit_as_a_process_would(code)
+        # A failure (or an error's exit code): its restart waits on this exit, and the
+        # ending above took 300 ms of it (a full collection of torch's heap, then torch's
+        # and gloo's exit handlers), against 50 ms.
+        os._exit(code)
 
 
 def _join(procs_files: list[str] | None) -> None:
@@ -106,7 +112,6 @@ def _finalize_as_python_would(code: int) -> int:
         import traceback
 
         traceback.print_exc()
-    _drop_the_programs_objects()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -127,8 +132,7 @@ def _exit_as_a_process_would(code: int) -> None:
 def _drop_the_programs_objects() -> None:
     """What Python's own ending does next: the program's globals are dropped (`__main__`
     first, as `Py_FinalizeEx` does), so what only a finalizer writes out (a buffered file
-    no one closed, a TensorBoard writer's last events) reaches the disk before `os._exit`,
-    which would skip it."""
+    no one closed) reaches the disk, which `os._exit` would skip."""
     main = sys.modules.get("__main__")
     with contextlib.suppress(Exception):
         if main is not None:
