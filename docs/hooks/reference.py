@@ -19,6 +19,7 @@ import ref_env
 import ref_failures
 import ref_http
 import ref_spec
+import ref_states
 from mkdocs.exceptions import PluginError
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "http-api": ref_http.render,
     "failures": ref_failures.render,
     "environment": ref_env.render,
+    "job-moves": ref_states.render_jobs,
+    "replica-moves": ref_states.render_replicas,
 }
 """Marker name -> the function that renders its Markdown."""
 

@@ -282,12 +282,27 @@ def test_the_builders_environment_does_not_leak_in(hook: ModuleType) -> None:
     assert "| `TORCH_NCCL_ASYNC_ERROR_HANDLING` | `worker` | `1` (worker-1) |" in page
 
 
+# ------------------------------------------------------------------ the states
+
+
+def test_every_move_of_the_transitions_table_is_on_the_page(pages: dict[str, str]) -> None:
+    from trainguard.states import JOB_MOVES, REPLICA_MOVES
+
+    for name, graph in (("job-moves", JOB_MOVES), ("replica-moves", REPLICA_MOVES)):
+        page = pages[name]
+        for state, targets in graph.items():
+            row = _row(page, f"`{state.value}`")
+            assert all(f"`{t.value}`" in row for t in targets), (state, row)
+            assert row.count("`") == 2 * (1 + len(targets)), row  # no move it does not make
+    assert "(final)" in _row(pages["job-moves"], "`SUCCEEDED`")
+
+
 # ------------------------------------------------------------------ the hook
 
 
 def test_reference_pages_hold_known_markers(hook: ModuleType) -> None:
     found = set()
-    for page in sorted((DOCS / "reference").glob("*.md")):
+    for page in sorted([*(DOCS / "reference").glob("*.md"), DOCS / "concepts" / "states.md"]):
         names = hook.MARKER.findall(page.read_text())
         assert all(n in hook.GENERATORS for n in names), page.name
         found.update(names)
