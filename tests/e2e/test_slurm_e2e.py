@@ -169,7 +169,11 @@ def test_a_preemption_notice_checkpoints_and_the_requeued_job_resumes(
             "--- slurmctld on the job\n" + "\n".join(ctld[-40:])
         ) from None
     out = (shared / "out.txt").read_text()
-    assert "preemption notice" in out and "SIGTERM from Slurm" in out
+    assert "preemption notice" in out, out[-3000:]
+    # The requeue is heard twice: its SIGTERM to the master, and the agents' steps ending,
+    # after which Slurm is asked; whichever comes first cancels (seen both ways in CI).
+    heard = ("SIGTERM from Slurm", "Slurm ended allocation")
+    assert any(f"cancelled ({h}" in out for h in heard), out[-3000:]
     resumed = re.search(rf"resumed from reported checkpoint (\S+) of step {saved}\b", out)
     assert resumed, out[-3000:]
     assert _same_weights(shared / "final.pt", baseline)
