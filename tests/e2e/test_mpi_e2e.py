@@ -47,7 +47,9 @@ def _runs(tg: TG, job_id: str) -> list[RunRow]:
 def test_a_killed_rank_restarts_the_mpi_job_which_ends_as_if_unbroken(
     tg: TG, tmp_path: Path
 ) -> None:
-    args = ("--steps", "40", "--ckpt-every", "5", "--step-time", "0.05")
+    # 10 s of training: the kill at step 10 must land while rank 1 runs, after the test's
+    # status polls and log reads on a busy machine (at 2 s, a CI run found it gone)
+    args = ("--steps", "100", "--ckpt-every", "5", "--step-time", "0.1")
     res = tg("run", "--quiet", "-f", _job(tmp_path, "clean", *args), timeout=120)
     assert res.returncode == 0, res.stderr
     proc = tg.start("run", "--quiet", "-f", _job(tmp_path, "broken", *args))
